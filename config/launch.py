@@ -1,0 +1,104 @@
+"""Runs the whole app on one machine: Daphne, one Celery worker, and Redis if needed.
+
+    python -m config.launch [--host 127.0.0.1] [--port 8000]
+
+Without REDIS_URL an embedded Redis starts; without DATABASE_URL the app uses SQLite in
+WAL mode under DATA_DIR. Ctrl-C (or SIGTERM) stops every process, worker first so it
+can finish or hand back its task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from config.embedded_redis import EmbeddedRedis, die_with_parent
+
+ROOT = Path(__file__).resolve().parent.parent
+STOP_TIMEOUT_S = 20
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
+
+
+def _spawn(command: list[str]) -> subprocess.Popen:
+    # Own session: the terminal's Ctrl-C reaches only this launcher, which then stops
+    # the children in order instead of all at once.
+    return subprocess.Popen(
+        command, cwd=ROOT, stdin=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument("--queues", default="default,runner.cpu",
+                        help="Celery queues the worker serves (comma-separated)")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    data_dir = Path(os.environ.get("DATA_DIR", ROOT / "var"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    redis_server = None
+    if not os.environ.get("REDIS_URL"):
+        redis_server = EmbeddedRedis(data_dir / "redis")
+        os.environ["REDIS_URL"] = redis_server.start()
+        print(f"Embedded Redis on {os.environ['REDIS_URL']}", flush=True)
+
+    children: list[subprocess.Popen] = []
+    stopping = False
+
+    def request_stop(signum, frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        _manage("migrate", "--noinput", "-v", "0")
+        _manage("workspace_init")
+        _manage("first_login")
+        bin_dir = Path(sys.executable).parent
+        children.append(_spawn([
+            str(bin_dir / "celery"), "-A", "config", "worker", "-Q", args.queues,
+            "--concurrency", "1", "--loglevel", "INFO", "--hostname", "runner@%h",
+        ]))
+        children.append(_spawn([
+            str(bin_dir / "daphne"), "-b", args.host, "-p", str(args.port), "config.asgi:application",
+        ]))
+        print(f"\nKernel Lab is up: http://{args.host}:{args.port}/  (Ctrl-C stops it)\n", flush=True)
+        while not stopping:
+            if any(child.poll() is not None for child in children):
+                print("A process exited; stopping the rest.", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        for child in children:  # the worker first: it hands back what it holds
+            _stop(child)
+        if redis_server:
+            redis_server.stop()
+        print("Stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Plotly figures built server-side as plain dicts, embedded in pages as JSON.
+
+Live pages extend these figures in place (Plotly.extendTraces), so the trace order
+here is the order the live script relies on: one trace per workload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Figure = dict[str, Any]
+
+_LAYOUT = {
+    "margin": {"l": 60, "r": 20, "t": 30, "b": 50},
+    "height": 340,
+    "font": {"family": "system-ui, sans-serif", "size": 12},
+    "paper_bgcolor": "rgba(0,0,0,0)",
+    "plot_bgcolor": "rgba(0,0,0,0)",
+}
+
+
+def evidence_kernel_time_figure(summary: dict) -> Figure:
+    """Horizontal bars of GPU time per kernel, largest on top."""
+    kernels = list(reversed(summary.get("top_kernels", [])))
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "orientation": "h",
+                "x": [k["total_ms"] for k in kernels],
+                "y": [_short(k["name"]) for k in kernels],
+                "customdata": [[k["calls"], round(100 * k["share"], 1), k["name"]] for k in kernels],
+                "hovertemplate": "%{customdata[2]}<br>%{x:.3f} ms in %{customdata[0]} calls"
+                " (%{customdata[1]}%)<extra></extra>",
+                "marker": {"color": "#4c78a8"},
+            }
+        ],
+        "layout": {
+            **_LAYOUT,
+            "height": max(220, 28 * len(kernels) + 80),
+            "margin": {**_LAYOUT["margin"], "l": 260},
+            "xaxis": {"title": {"text": "GPU time (ms)"}},
+        },
+    }
+
+
+def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int, float]]) -> Figure:
+    """Speedup over the baseline per workload (one trace each) by candidate number.
+
+    `points` are (candidate number, workload position, speedup), in candidate order.
+    """
+    traces = [
+        {"type": "scatter", "mode": "lines+markers", "name": name, "x": [], "y": []}
+        for name in workload_names
+    ]
+    for number, position, speedup in points:
+        if position < len(traces):
+            traces[position]["x"].append(number)
+            traces[position]["y"].append(speedup)
+    return {
+        "data": traces,
+        "layout": {
+            **_LAYOUT,
+            "xaxis": {"title": {"text": "candidate"}, "tickformat": "d"},
+            "yaxis": {"title": {"text": "speedup over baseline (×)"}},
+            "shapes": [
+                {
+                    "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1, "y1": 1,
+                    "line": {"dash": "dot", "color": "#888"},
+                }
+            ],
+            "legend": {"orientation": "h", "y": -0.25},
+        },
+    }
+
+
+def _short(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"

@@ -1,0 +1,87 @@
+"""Runs the harness on one candidate in a child process and returns its JSON result.
+
+The child is `python -m runners.harness evaluate … --json`, the same command a GPU host
+runs by hand: one code path. A crash of the candidate ends the child, not the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+
+from research.services import harness_failure
+
+PROJECT_ROOT = Path(settings.BASE_DIR)
+
+
+def evaluate_source(
+    *,
+    op: str,
+    source: str,
+    device: str,
+    context_lengths: list[int],
+    batch_sizes: list[int],
+    dsl: str = "torch",
+    baseline_source: str = "",
+    baseline_kernel: str = "",
+) -> dict:
+    """`baseline_source`: the kernel to time against (the workspace's kept kernel when the
+    sweep started); empty for the op's shipped baseline. `baseline_kernel` names it: the
+    harness reads a kernel's DSL from its file name (`rows_triton`). The op's end-to-end
+    command, when settings.E2E_COMMANDS declares one, runs with both kernels."""
+    with tempfile.TemporaryDirectory(prefix="candidate-") as scratch:
+        path = Path(scratch) / "candidate.py"
+        path.write_text(source)
+        baseline = []
+        if baseline_source:
+            kept = Path(scratch) / "kept" / f"{re.sub(r'[^A-Za-z0-9_]', '_', baseline_kernel) or 'kept'}.py"
+            kept.parent.mkdir()
+            kept.write_text(baseline_source)
+            baseline = ["--baseline", str(kept)]
+        command = [
+            settings.HARNESS_PYTHON or sys.executable,
+            "-m", "runners.harness", "evaluate", op, str(path),
+            "--device", device,
+            "--dsl", dsl,
+            "--json",
+            "--ctx", ",".join(map(str, context_lengths)),
+            "--batch", ",".join(map(str, batch_sizes)),
+            "--time-budget", str(settings.HARNESS_TIME_BUDGET_S),
+            *baseline,
+            *_e2e_command_args(op),
+        ]
+        try:
+            done = subprocess.run(
+                command,
+                cwd=PROJECT_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=settings.CANDIDATE_TIME_LIMIT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return harness_failure(
+                f"the evaluation ran past its limit of {settings.CANDIDATE_TIME_LIMIT_S} s"
+            )
+    if done.returncode != 0:
+        last_line = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return harness_failure(f"the harness exited with status {done.returncode}: {last_line}")
+    try:
+        result = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return harness_failure("the harness did not print one JSON object")
+    if not isinstance(result, dict) or "verdict" not in result:
+        return harness_failure("the harness printed JSON without a verdict")
+    return result
+
+
+def _e2e_command_args(op: str) -> list[str]:
+    declared = settings.E2E_COMMANDS.get(op)
+    # One argument with "=": a command starting with "-" is still the flag's value.
+    return [f"--e2e-command={declared}"] if declared else []

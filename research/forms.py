@@ -1,0 +1,113 @@
+"""Forms only parse and shape input; the services decide what is valid to store."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+
+from research.evidence import EvidenceError, check_evidence_size
+from research.hardware import HARDWARE_CHOICES, KERNEL_DSLS, MODEL_CONTEXTS
+from research.models import Sweep
+from research import proposers
+from research.agents import agent_commands
+from research.services import MAX_SWEEP_BUDGET, MAX_SWEEP_TIME_BUDGET_S, Upload
+from runners import ops
+
+MAX_LIST_ITEMS = 64
+
+
+class IntListField(forms.CharField):
+    """Comma- or space-separated positive integers, e.g. "4096, 32768"."""
+
+    def to_python(self, value: str | None) -> list[int]:
+        text = (super().to_python(value) or "").replace(",", " ")
+        items = text.split()
+        if len(items) > MAX_LIST_ITEMS:
+            raise forms.ValidationError(f"at most {MAX_LIST_ITEMS} values")
+        numbers = []
+        for item in items:
+            # ASCII digits only: str.isdigit() also says yes to "²" (which int() refuses)
+            # and to other scripts' digits.
+            if not (item.isascii() and item.isdigit()) or len(item) > 9:
+                raise forms.ValidationError(f"{item[:20]!r} is not a whole number")
+            numbers.append(int(item))
+        return numbers
+
+
+class ThesisForm(forms.Form):
+    title = forms.CharField(max_length=200)
+    idea = forms.CharField(widget=forms.Textarea(attrs={"rows": 8}), max_length=20000,
+                           help_text="Markdown. What waste did the profile show, and what is the fix?")
+    op = forms.ChoiceField(label="Target op")
+    hardware = forms.ChoiceField(choices=HARDWARE_CHOICES, label="Hardware target")
+    model_context = forms.ChoiceField(choices=MODEL_CONTEXTS, initial="none")
+    evidence = forms.FileField(required=False, label="Profile evidence",
+                               help_text="PyTorch profiler trace (JSON, .json.gz), Nsight Compute "
+                                         "--csv --page details, or Nsight Systems stats CSV.")
+    required_dsl = forms.ChoiceField(choices=KERNEL_DSLS, label="Required kernel DSL")
+    allowed_paths = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                                    max_length=4000,
+                                    help_text="Paths an agent may change, one per line.")
+    forbidden_changes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                                        max_length=4000)
+    context_lengths = IntListField(required=False, max_length=1000,
+                                   help_text="Blank for the op's defaults.")
+    batch_sizes = IntListField(required=False, max_length=1000,
+                               help_text="Blank for the op's defaults.")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["op"].choices = [(name, name) for name in ops.list_ops()]
+
+    def clean_evidence(self) -> Upload | None:
+        upload = self.cleaned_data.get("evidence")
+        if not upload:
+            return None
+        try:
+            check_evidence_size(upload.size, max_bytes=settings.EVIDENCE_MAX_BYTES)
+        except EvidenceError as error:
+            raise forms.ValidationError(str(error)) from error
+        return Upload(name=upload.name, data=upload.read())
+
+    def clean_allowed_paths(self) -> list[str]:
+        return [line.strip() for line in self.cleaned_data["allowed_paths"].splitlines() if line.strip()]
+
+
+class SweepForm(forms.Form):
+    kernel = forms.ChoiceField()
+    strategy = forms.ChoiceField(
+        choices=[(value, label) for value, label in Sweep.Strategy.choices if value in proposers.STRATEGIES],
+        initial=Sweep.Strategy.GRID,
+        help_text="Grid and random plan every point at the start; TPE proposes from the results so far; "
+                  "a coding agent edits the kernel, one proposal at a time.")
+    budget = forms.IntegerField(min_value=1, max_value=MAX_SWEEP_BUDGET, initial=8,
+                                help_text="Number of candidates.")
+    hardware = forms.ChoiceField(choices=HARDWARE_CHOICES, label="Hardware queue")
+    time_budget_s = forms.IntegerField(required=False, min_value=1, max_value=MAX_SWEEP_TIME_BUDGET_S,
+                                       label="Time budget (s)",
+                                       help_text="Blank for none. Queued candidates are cancelled once it is spent.")
+    patience = forms.IntegerField(required=False, min_value=1, max_value=MAX_SWEEP_BUDGET,
+                                  help_text="Stop after this many candidates in a row without a better "
+                                            "geomean speedup. Blank: never stop early.")
+
+    agent_command = forms.ChoiceField(
+        required=False, label="Agent command",
+        help_text="For a coding-agent sweep: one of the commands declared in AGENT_COMMANDS_FILE.")
+
+    def __init__(self, *args, kernels: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["kernel"].choices = [(k, k) for k in kernels]
+        # Only commands an administrator declared can run: the form offers their names.
+        commands = agent_commands()
+        self.fields["agent_command"].choices = [("", "—"), *((name, name) for name in commands)]
+        if commands:
+            self.fields["strategy"].choices = [*self.fields["strategy"].choices,
+                                               (Sweep.Strategy.AGENT, Sweep.Strategy.AGENT.label)]
+        else:
+            del self.fields["agent_command"]
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if cleaned.get("strategy") == Sweep.Strategy.AGENT and not cleaned.get("agent_command"):
+            self.add_error("agent_command", "choose the agent command this sweep runs")
+        return cleaned

@@ -1,0 +1,162 @@
+"""Importing a results file from a GPU host that reaches neither Redis nor the database.
+
+The host ran `python -m runners.harness sweep … --out results.jsonl`
+(runners.harness.results_file); this turns the file into an IMPORTED sweep of a thesis,
+exactly as if workers had evaluated it: the candidates are committed into the kernel
+workspace by the code sweep_start uses, and each result is claimed and recorded by
+the services the workers call, so the same events stream to open browsers and the
+same webhooks fire. The whole file is checked first and written in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from research import services, workspace
+from research.events import event_append
+from research.hardware import HARDWARE
+from research.models import Sweep, Thesis
+from runners import ops, space
+from runners.harness import results_file
+from runners.harness.dsl import kernel_dsl
+
+# Sweep.context of an imported sweep starts with this and the file's hash: importing
+# the same file again is refused by looking it up.
+CONTEXT_PREFIX = "Imported results file sha256:"
+
+
+class AlreadyImported(ValidationError):
+    """This very file was imported before, as `sweep_id`."""
+
+    def __init__(self, sweep_id: int) -> None:
+        super().__init__({"results": f"this results file was already imported as sweep {sweep_id}"})
+        self.sweep_id = sweep_id
+
+
+def _refuse(message: str) -> ValidationError:
+    return ValidationError({"results": message})
+
+
+def _hardware_for(header: dict, thesis: Thesis, hardware: str | None) -> str:
+    """The hardware class the results were measured on: as given, else the thesis's when
+    the device matches, else the CPU."""
+    device = header["device"]
+    if hardware is None:
+        hardware = thesis.hardware if HARDWARE[thesis.hardware].device == device else "cpu"
+    if hardware not in HARDWARE:
+        raise ValidationError({"hardware": f"unknown hardware {hardware!r}"})
+    if HARDWARE[hardware].device != device:
+        raise ValidationError({"hardware": (
+            f"the results were measured on {device}; {hardware} is a {HARDWARE[hardware].device} class")})
+    return hardware
+
+
+def _check_against_thesis(parsed: results_file.ResultsFile, thesis: Thesis) -> None:
+    header = parsed.header
+    if header["op"] != thesis.op:
+        raise _refuse(f"line 1: the results are for op {header['op']!r}; thesis #{thesis.pk} is about {thesis.op!r}")
+    written_in = kernel_dsl(Path(header["kernel"]))
+    if written_in != thesis.required_dsl or header["dsl"] != thesis.required_dsl:
+        raise _refuse(f"line 1: kernel {header['kernel']!r} is written in {written_in} and was evaluated as "
+                      f"{header['dsl']}; thesis #{thesis.pk} requires {thesis.required_dsl}")
+    target = ops.get_op(thesis.op)
+    device = header["device"]
+    try:
+        expected = [w.name for w in target.workloads(device, thesis.context_lengths, thesis.batch_sizes)]
+    except ops.WorkloadError as error:
+        raise _refuse(f"thesis #{thesis.pk}'s workloads do not run on {device}: {error}") from error
+    try:
+        measured = [w.name for w in target.workloads(device, header["context_lengths"], header["batch_sizes"])]
+    except ops.WorkloadError as error:
+        raise _refuse(f"line 1: {error}") from error
+    if measured != expected:
+        raise _refuse(
+            f"line 1: the results cover workloads {', '.join(measured)}; thesis #{thesis.pk} asks for "
+            f"{', '.join(expected)} (run the sweep with --ctx {','.join(map(str, thesis.context_lengths))} "
+            f"--batch {','.join(map(str, thesis.batch_sizes))})")
+    for line, candidate in enumerate(parsed.candidates, start=2):
+        unknown = [w["name"] for w in candidate.result["workloads"] if w["name"] not in expected]
+        if unknown:
+            raise _refuse(f"line {line}: candidate {candidate.number} has results for workload "
+                          f"{unknown[0]!r}, not one of the thesis's")
+        # The candidate must be the kernel at its point, as sweep_start would have made
+        # it: its commit then changes only the values of the point.
+        try:
+            materialised = space.materialize(header["kernel_source"], candidate.params)
+        except (ValueError, SyntaxError) as error:
+            raise _refuse(f"line {line}: candidate {candidate.number}: {error}") from error
+        if materialised != candidate.source:
+            raise _refuse(f"line {line}: candidate {candidate.number}'s source is not the kernel with "
+                          "PARAMS set to its params")
+    if len(parsed.candidates) > services.MAX_SWEEP_BUDGET:
+        raise _refuse(f"{len(parsed.candidates)} candidates; a sweep has at most {services.MAX_SWEEP_BUDGET}")
+
+
+def _context(sha256: str, header: dict) -> str:
+    harness = header["harness"]
+    built = " at ".join(str(part)[:12] for part in (harness.get("version"), harness.get("commit")) if part)
+    return (f"{CONTEXT_PREFIX}{sha256}\n"
+            f"run {header.get('run') or 'unnamed'}: {header['strategy']} over {header['kernel']} "
+            f"(seed {header['seed']}, budget {header['budget']}) on {header.get('hardware') or 'unknown hardware'} "
+            f"({header['device']}), harness {built or 'unknown'}, torch {harness.get('torch') or 'unknown'}")
+
+
+def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | None = None) -> Sweep:
+    """Import a results file as a finished IMPORTED sweep of `thesis`, started by `imported_by`.
+
+    Raises ValidationError (naming the line) for a file that cannot be imported, and
+    AlreadyImported for one imported before; either way nothing is written.
+    """
+    if len(data) > settings.RESULTS_MAX_BYTES:
+        raise _refuse(f"the file is {len(data):,} bytes; at most {settings.RESULTS_MAX_BYTES:,}")
+    try:
+        parsed = results_file.read(data)
+    except results_file.ResultsFileError as error:
+        raise _refuse(str(error)) from error
+    _check_against_thesis(parsed, thesis)
+    header = parsed.header
+    hardware = _hardware_for(header, thesis, hardware)
+    sha256 = hashlib.sha256(data).hexdigest()
+    kept_file = workspace.kept_path(thesis.op)
+
+    # As in sweep_start: the workspace lock, then the transaction, refs published last.
+    # The lock also serialises imports, so the duplicate check cannot race.
+    with workspace.lock(), transaction.atomic():
+        earlier = Sweep.objects.filter(
+            strategy=Sweep.Strategy.IMPORTED, context__startswith=f"{CONTEXT_PREFIX}{sha256}").first()
+        if earlier is not None:
+            raise AlreadyImported(earlier.pk)
+        base = workspace.main_commit_with(kept_file, header["baseline_source"])
+        if base is None:
+            raise _refuse(f"line 1: the results were timed against a {thesis.op} kernel "
+                          f"({header['baseline_kernel']!r}) that was never the kept kernel on main: run the "
+                          "sweep with --baseline set to the kept kernel (GET /api/theses/ID shows it)")
+        sweep = Sweep.objects.create(
+            thesis=thesis,
+            started_by=imported_by,
+            kernel=header["kernel"],
+            strategy=Sweep.Strategy.IMPORTED,
+            budget=header["budget"],
+            seed=header["seed"],
+            hardware=hardware,
+            queue=HARDWARE[hardware].queue,
+            total=len(parsed.candidates),
+            base_commit=base,
+            baseline_source=header["baseline_source"],
+            baseline_kernel=header["baseline_kernel"],
+            context=_context(sha256, header),
+        )
+        event_append(sweep_id=sweep.pk, type="sweep.created", payload={
+            "kernel": sweep.kernel, "strategy": sweep.strategy, "total": sweep.total, "done": 0})
+        services.candidates_add(
+            sweep=sweep, kernel_source=header["kernel_source"], fork=None,
+            points=[line.params for line in parsed.candidates],
+            sources=[line.source for line in parsed.candidates], proposed_by=header["strategy"],
+            results=[line.result for line in parsed.candidates])
+    sweep.refresh_from_db()
+    return sweep

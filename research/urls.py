@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from research import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("theses/new/", views.thesis_new, name="thesis_new"),
+    path("theses/<int:thesis_id>/", views.thesis_detail, name="thesis_detail"),
+    path("theses/<int:thesis_id>/sweeps/", views.sweep_start, name="sweep_start"),
+    path("sweeps/<int:sweep_id>/", views.sweep_detail, name="sweep_detail"),
+    path("sweeps/<int:sweep_id>/results/", views.sweep_results, name="sweep_results"),
+    path("sweeps/<int:sweep_id>/pause/", views.sweep_control_action, {"action": "pause"}, name="sweep_pause"),
+    path("sweeps/<int:sweep_id>/resume/", views.sweep_control_action, {"action": "resume"}, name="sweep_resume"),
+    path("sweeps/<int:sweep_id>/cancel/", views.sweep_control_action, {"action": "cancel"}, name="sweep_cancel"),
+    path("sweeps/<int:sweep_id>/events.json", views.sweep_events, name="sweep_events"),
+    path("sweeps/<int:sweep_id>/chart.json", views.sweep_chart, name="sweep_chart"),
+    path("skills/<path:pack>", views.skill_pack, name="skill_pack"),
+]

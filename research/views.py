@@ -1,0 +1,199 @@
+"""Thin views: one view serves the full page and, for htmx, its fragment."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import BadRequest, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from config.ratelimit import rate_limited
+from research import agent_context, charts, selectors, services, sweep_control
+from research.forms import SweepForm, ThesisForm
+from research.markdown import render_markdown
+from reviews import charts as review_charts
+from reviews import selectors as review_selectors
+
+
+def _redirect(request: HttpRequest, url: str) -> HttpResponse:
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+def _add_errors(form, error: ValidationError) -> None:
+    for field, field_messages in error.message_dict.items():
+        form.add_error(field if field in form.fields else None, field_messages)
+
+
+@login_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    return render(request, "research/dashboard.html", {
+        "theses": selectors.thesis_list_for_dashboard()[:50],
+        "sweeps": selectors.sweep_list_recent(),
+    })
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@rate_limited("thesis-submit")
+def thesis_new(request: HttpRequest) -> HttpResponse:
+    form = ThesisForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            thesis = services.thesis_submit(author=request.user, **form.cleaned_data)
+        except ValidationError as error:
+            _add_errors(form, error)
+        else:
+            return _redirect(request, thesis.get_absolute_url())
+    template = "research/thesis_form.html#form" if request.htmx else "research/thesis_form.html"
+    status = 422 if form.errors else 200
+    return render(request, template, {"form": form}, status=status)
+
+
+@login_required
+@require_GET
+def thesis_detail(request: HttpRequest, thesis_id: int) -> HttpResponse:
+    thesis = selectors.thesis_get(thesis_id)
+    return render(request, "research/thesis_detail.html", _thesis_context(thesis, SweepForm(
+        kernels=selectors.thesis_kernels(thesis), initial={"hardware": thesis.hardware}
+    )))
+
+
+def _thesis_context(thesis, sweep_form: SweepForm) -> dict:
+    summary = thesis.evidence.summary if thesis.evidence else None
+    return {
+        "thesis": thesis,
+        "idea_html": render_markdown(thesis.idea),
+        "evidence": summary,
+        "evidence_figure": charts.evidence_kernel_time_figure(summary) if summary else None,
+        "sweeps": thesis.sweeps.all(),
+        "sweep_form": sweep_form,
+        "path_figure": review_charts.path_figure(review_selectors.path_points(thesis_id=thesis.pk)),
+        "packs": [*agent_context.packs_for(hardware=thesis.hardware, model_context=thesis.model_context),
+                  "reward-hacks.md"],
+    }
+
+
+@login_required
+@require_GET
+def skill_pack(request: HttpRequest, pack: str) -> HttpResponse:
+    """A context pack of skills/, as the agents of a thesis that selects it read it."""
+    text = agent_context.pack_text(pack)
+    if text is None:
+        raise Http404(f"no pack {pack!r}")
+    return render(request, "research/skill_pack.html", {"pack": pack, "html": render_markdown(text)})
+
+
+@login_required
+@require_POST
+@rate_limited("sweep-start")
+def sweep_start(request: HttpRequest, thesis_id: int) -> HttpResponse:
+    thesis = selectors.thesis_get(thesis_id)
+    form = SweepForm(request.POST, kernels=selectors.thesis_kernels(thesis))
+    if form.is_valid():
+        try:
+            sweep = services.sweep_start(thesis=thesis, started_by=request.user, **form.cleaned_data)
+        except ValidationError as error:
+            _add_errors(form, error)
+        else:
+            return _redirect(request, sweep.get_absolute_url())
+    if request.htmx:
+        return render(request, "research/thesis_detail.html#sweep-form", {"thesis": thesis, "sweep_form": form}, status=422)
+    return render(request, "research/thesis_detail.html", _thesis_context(thesis, form), status=422)
+
+
+@login_required
+@require_GET
+def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
+    sweep = selectors.sweep_get(sweep_id)
+    # Read the seq first: anything recorded after it is replayed over the websocket,
+    # and the page's script drops what the render below already shows.
+    last_seq = sweep.last_seq
+    results = selectors.sweep_results(sweep)
+    workloads = selectors.sweep_workload_names(sweep)
+    return render(request, "research/sweep_detail.html", {
+        "sweep": sweep,
+        "last_seq": last_seq,
+        "actions": sweep_control.sweep_actions(sweep=sweep, user=request.user),
+        "results": results,
+        "counts": selectors.sweep_counts(sweep),
+        "workloads": workloads,
+        "figure": charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep)),
+        "more_results": len(results) == selectors.RESULT_PAGE_SIZE,
+        "refused": selectors.sweep_refused(sweep),
+        # Rendered like a thesis's idea: the packs and the thesis are Markdown, and
+        # nothing in them may carry script.
+        "context_html": render_markdown(sweep.context) if sweep.context else "",
+    })
+
+
+_SWEEP_CONTROLS = {
+    "pause": sweep_control.sweep_pause,
+    "resume": sweep_control.sweep_resume,
+    "cancel": sweep_control.sweep_cancel,
+}
+
+
+@login_required
+@require_POST
+def sweep_control_action(request: HttpRequest, sweep_id: int, action: str) -> HttpResponse:
+    """Pause, resume or cancel: the controls fragment for htmx, the sweep page otherwise.
+
+    Every open page of the sweep learns of the change from the event the service appends.
+    """
+    sweep = selectors.sweep_get(sweep_id)
+    error = ""
+    try:
+        sweep = _SWEEP_CONTROLS[action](sweep=sweep, by=request.user)
+    except ValidationError as refusal:
+        error = " ".join(refusal.messages)
+        sweep.refresh_from_db()
+    if not request.htmx:
+        if error:
+            messages.error(request, error)
+        return redirect(sweep)
+    return render(request, "research/sweep_detail.html#control-response", {
+        "sweep_id": sweep.pk, "status": sweep.status, "error": error,
+        "actions": sweep_control.sweep_actions(sweep=sweep, user=request.user),
+    }, status=422 if error else 200)
+
+
+@login_required
+@require_GET
+def sweep_results(request: HttpRequest, sweep_id: int) -> HttpResponse:
+    """Result rows after a candidate number, as table rows (htmx) or the full page."""
+    sweep = selectors.sweep_get(sweep_id)
+    after = _int_param(request, "after")
+    results = selectors.sweep_results(sweep, after_number=after)
+    return render(request, "research/sweep_detail.html#result-rows", {
+        "sweep": sweep,
+        "results": results,
+        "more_results": len(results) == selectors.RESULT_PAGE_SIZE,
+    })
+
+
+@login_required
+@require_GET
+def sweep_events(request: HttpRequest, sweep_id: int) -> JsonResponse:
+    """The stored events after `after` (CONTRACTS §6), for scripts and polling clients."""
+    sweep = selectors.sweep_get(sweep_id)
+    events = selectors.sweep_events_after(sweep.pk, _int_param(request, "after"))
+    return JsonResponse({"sweep": sweep.pk, "last_seq": sweep.last_seq, "events": events})
+
+
+@login_required
+@require_GET
+def sweep_chart(request: HttpRequest, sweep_id: int) -> JsonResponse:
+    sweep = selectors.sweep_get(sweep_id)
+    workloads = selectors.sweep_workload_names(sweep)
+    return JsonResponse(charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep)))
+
+
+def _int_param(request: HttpRequest, name: str) -> int:
+    value = request.GET.get(name, "0")
+    if not value.isdigit() or len(value) > 18:
+        raise BadRequest(f"{name} must be a whole number, not {value[:20]!r}")
+    return int(value)

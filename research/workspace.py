@@ -1,0 +1,454 @@
+"""The kernel workspace: the git repository that is the source of truth for kernel code.
+
+Every git call of the app is in this module. The repository is bare (nobody works in a
+checkout of it; `git clone` it to look around) and laid out as:
+
+    main                                  the kept kernels; every change is the seed or a keep
+      README.md                           what is here
+      dispatch.json                       per op, its kept kernels newest first, with the
+                                          size range each one serves
+      kernels/<op>/kept.py                the op's current kept kernel
+    candidate/<sweep>-<number>            one candidate: commits that replace
+                                          kernels/<op>/kept.py, forked from main's head when
+                                          its sweep started, so `git diff main...<branch>` is
+                                          exactly its change against the kept kernel
+    archive/<sweep>-<number>-r<revision>  a reverted revision: its branch renamed, so the
+                                          live names show only what still waits or was kept
+
+A sweep whose kernel is not the kept one gets one commit that swaps the kernel in (at
+its shipped PARAMS); each candidate forks from it with a commit that rewrites only the
+PARAMS literal, so a parameter-only candidate's own commit shows just the changed values.
+
+Writes build objects first (git fast-import, which takes author and committer in its
+stream, so no git identity is ever read from or written to any config) and then move
+refs in one compare-and-swap `update-ref` transaction; that move is the only change
+anyone sees. Writers across processes are serialised by a file lock, taken before any
+database transaction that moves refs, always in that order.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from runners import ops
+
+MAIN = "main"
+DISPATCH_PATH = "dispatch.json"
+LOCK_NAME = "kernel-lab.lock"
+GIT_TIMEOUT_S = 60
+
+README = """\
+# Kernel workspace
+
+Kept kernels of Kernel Lab. Written only by the app; clone it to read it.
+
+- `kernels/<op>/kept.py`: the op's current kept kernel. The harness times every new
+  candidate against this file as it was on `main` when the candidate's sweep started.
+- `dispatch.json`: per op, the kept kernels newest first. Each entry names the commit
+  whose `kernels/<op>/kept.py` is that kernel and the size range (`axis`, `min`, `max`,
+  inclusive; null for every size) it was kept for. For a size, the first entry whose
+  range holds it serves; the last entry, the shipped baseline, holds every size.
+- `candidate/<sweep>-<number>`: one branch per candidate; `git diff main...<branch>` is
+  its change against the kept kernel.
+- `archive/<sweep>-<number>-r<revision>`: reverted candidates.
+- Merges into `main` are authored by the thesis author and carry a `Reviewed-by:`
+  trailer naming the person who kept the kernel.
+"""
+
+
+class WorkspaceError(RuntimeError):
+    """A git call failed, or the workspace is not in the shape this module writes."""
+
+
+class WorkspaceConflict(WorkspaceError):
+    """The main line changed a file a candidate changes since the candidate's base."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    email: str
+
+
+KERNEL_LAB = Identity("Kernel Lab", "kernel-lab@kernel-lab.invalid")
+
+
+def identity_of(user) -> Identity:
+    # Users without an email get an address in .invalid (RFC 2606): clearly not real.
+    name = (user.get_full_name() or "").strip() or user.get_username()
+    return Identity(name, (user.email or "").strip() or f"{user.get_username()}@kernel-lab.invalid")
+
+
+@dataclass(frozen=True)
+class NewCommit:
+    """A commit to build. Parents are commit ids, or ":<n>" for the n-th commit built in
+    the same batch (1-based). A file mapped to None is deleted."""
+
+    parents: list[str]
+    files: dict[str, str | None]
+    message: str
+    author: Identity
+    committer: Identity = KERNEL_LAB
+
+
+@dataclass(frozen=True)
+class RefUpdate:
+    """Move `ref` to `new` (None: delete it) if it is still at `old` (None: must not exist;
+    omit the check with `check=False`)."""
+
+    ref: str
+    new: str | None
+    old: str | None = None
+    check: bool = True
+
+
+@dataclass(frozen=True)
+class Merge:
+    commit: str
+    previous_main: str
+    files: list[str] = field(default_factory=list)
+
+
+def path() -> Path:
+    return Path(settings.KERNEL_WORKSPACE)
+
+
+def kept_path(op: str) -> str:
+    return f"kernels/{op}/kept.py"
+
+
+def candidate_branch(sweep_id: int, number: int) -> str:
+    return f"candidate/{sweep_id}-{number}"
+
+
+def archive_branch(sweep_id: int, number: int, revision: int) -> str:
+    return f"archive/{sweep_id}-{number}-r{revision}"
+
+
+def _heads(branch: str) -> str:
+    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+
+
+# -- running git ---------------------------------------------------------------------
+
+def _git(*args: str, stdin: bytes | None = None, in_workspace: bool = True) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    # Never read the machine's or the user's git config: no hooks, no aliases, no
+    # identity from elsewhere; what this module passes is all git sees.
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
+               LC_ALL="C")
+    command = [
+        "git", "-c", f"user.name={KERNEL_LAB.name}", "-c", f"user.email={KERNEL_LAB.email}",
+        "-c", "core.hooksPath=/dev/null", *(["--git-dir", str(path())] if in_workspace else []), *args,
+    ]
+    try:
+        done = subprocess.run(command, input=stdin, capture_output=True, env=env,
+                              timeout=GIT_TIMEOUT_S, check=False)
+    except FileNotFoundError as error:
+        raise WorkspaceError("git is not installed: the kernel workspace needs it") from error
+    except subprocess.TimeoutExpired as error:
+        raise WorkspaceError(f"git {args[0]} took longer than {GIT_TIMEOUT_S} s in {path()}") from error
+    if done.returncode != 0:
+        reason = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise WorkspaceError(f"git {args[0]} failed in {path()}: {reason}")
+    return done.stdout.decode(errors="replace")
+
+
+_held = threading.local()
+
+
+@contextmanager
+def lock() -> Iterator[None]:
+    """Exclusive use of the workspace for a write; re-entrant within one thread."""
+    if getattr(_held, "depth", 0):
+        _held.depth += 1
+        try:
+            yield
+        finally:
+            _held.depth -= 1
+        return
+    folder = path()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_NAME, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _held.depth = 1
+        try:
+            yield
+        finally:
+            _held.depth = 0
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- reading -------------------------------------------------------------------------
+
+def resolve(rev: str) -> str | None:
+    try:
+        return _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip() or None
+    except WorkspaceError:
+        return None
+
+
+def main_head() -> str:
+    head = resolve(_heads(MAIN))
+    if head is None:
+        raise WorkspaceError(f"the workspace at {path()} has no {MAIN} branch")
+    return head
+
+
+def read_file(rev: str, file: str) -> str | None:
+    """A file's text at a commit; None when the commit does not have it."""
+    try:
+        return _git("cat-file", "blob", f"{rev}:{file}")
+    except WorkspaceError:
+        if resolve(rev) is None:
+            raise
+        return None
+
+
+def dispatch_table(rev: str = MAIN) -> dict[str, list[dict]]:
+    text = read_file(_heads(rev) if rev == MAIN else rev, DISPATCH_PATH)
+    if text is None:
+        raise WorkspaceError(f"{DISPATCH_PATH} is missing at {rev}")
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class KeptKernel:
+    commit: str  # main's head
+    source: str
+    name: str  # as in dispatch.json: "baseline", or the kept candidate's kernel
+
+
+def kept_kernel(op: str) -> KeptKernel:
+    """The op's kept kernel at main's head, seeding the workspace when needed."""
+    ensure()
+    head = main_head()
+    source = read_file(head, kept_path(op))
+    entries = dispatch_table(head).get(op) or []
+    if source is None or not entries:
+        raise WorkspaceError(f"{kept_path(op)} or its dispatch entry is missing on {MAIN} at {head[:12]}")
+    return KeptKernel(commit=head, source=source, name=entries[0].get("kernel") or "kept")
+
+
+def changed_files(base: str, head: str) -> list[str]:
+    return _git("diff", "--name-only", "--no-renames", base, head, "--").split()
+
+
+def diff(base: str, head: str, *, context: int = 5) -> str:
+    """The unified diff between two commits, as git prints it (no colour, no drivers)."""
+    return _git("diff", "--no-color", "--no-ext-diff", "--no-textconv", f"-U{context}",
+                base, head, "--")
+
+
+def is_ancestor(commit: str, of: str) -> bool:
+    try:
+        _git("merge-base", "--is-ancestor", commit, of)
+    except WorkspaceError:
+        return False
+    return True
+
+
+def commit_info(rev: str) -> dict[str, str]:
+    fields = _git("log", "-1", "--format=%H%x00%an%x00%ae%x00%cn%x00%ce%x00%P%x00%B", rev)
+    sha, author, author_email, committer, committer_email, parents, body = fields.split("\x00", 6)
+    return {"sha": sha, "author": author, "author_email": author_email, "committer": committer,
+            "committer_email": committer_email, "parents": parents.split(), "message": body}
+
+
+def branches(prefix: str = "") -> dict[str, str]:
+    out = _git("for-each-ref", "--format=%(refname:short) %(objectname)", f"refs/heads/{prefix}")
+    return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+
+# -- writing -------------------------------------------------------------------------
+
+def _clean(text: str, banned: str) -> str:
+    return "".join(" " if ch in banned or ch in "\r\n" else ch for ch in text).strip() or "unknown"
+
+
+def _who(identity: Identity, when: int) -> str:
+    return f"{_clean(identity.name, '<>')} <{_clean(identity.email, '<> ')}> {when} +0000"
+
+
+def _data(text: str) -> bytes:
+    raw = text.encode()
+    return f"data {len(raw)}\n".encode() + raw + b"\n"
+
+
+def build(commits: list[NewCommit]) -> list[str]:
+    """Write commit objects (one fast-import run for the whole batch); no ref moves.
+
+    fast-import needs a ref per commit, so each goes to a scratch ref that is deleted
+    as soon as the ids are known; the objects stay until published or collected.
+    """
+    if not commits:
+        return []
+    scratch = f"refs/kernel-lab/build/{os.getpid()}-{time.monotonic_ns()}"
+    when = int(time.time())
+    stream = bytearray()
+    for number, commit in enumerate(commits, start=1):
+        stream += f"commit {scratch}/{number}\nmark :{number}\n".encode()
+        stream += f"author {_who(commit.author, when)}\n".encode()
+        stream += f"committer {_who(commit.committer, when)}\n".encode()
+        stream += _data(commit.message.rstrip() + "\n")
+        for position, parent in enumerate(commit.parents):
+            stream += f"{'from' if position == 0 else 'merge'} {parent}\n".encode()
+        for file, content in commit.files.items():
+            stream += f"D {file}\n".encode() if content is None else (
+                f"M 100644 inline {file}\n".encode() + _data(content))
+        stream += b"\n"
+    stream += b"done\n"
+    with tempfile.TemporaryDirectory(prefix="workspace-") as scratch_dir:
+        marks = Path(scratch_dir) / "marks"
+        _git("fast-import", "--quiet", "--done", f"--export-marks={marks}", stdin=bytes(stream))
+        ids = dict(line.split() for line in marks.read_text().splitlines() if line)
+    _git("update-ref", "--stdin", stdin="".join(
+        f"delete {scratch}/{number}\n" for number in range(1, len(commits) + 1)).encode())
+    return [ids[f":{number}"] for number in range(1, len(commits) + 1)]
+
+
+def publish(updates: list[RefUpdate]) -> None:
+    """Move refs all together or not at all; a ref not where it was expected fails it."""
+    lines = []
+    for update in updates:
+        ref = _heads(update.ref)
+        if update.new is None:
+            lines.append(f"delete {ref} {update.old or ''}".rstrip() if update.check else f"delete {ref}")
+        elif not update.check:
+            lines.append(f"update {ref} {update.new}")
+        elif update.old is None:
+            lines.append(f"create {ref} {update.new}")
+        else:
+            lines.append(f"update {ref} {update.new} {update.old}")
+    if lines:
+        _git("update-ref", "--stdin", stdin=("\n".join(lines) + "\n").encode())
+
+
+def ensure() -> None:
+    """Create the workspace on first use; seed any op that has no kept kernel yet.
+
+    Ops are added by adding a folder, so a later start seeds the new ones too.
+    """
+    with lock():
+        folder = path()
+        if not (folder / "HEAD").exists():
+            _git("init", "--quiet", "--bare", "--initial-branch", MAIN, str(folder), in_workspace=False)
+        head = resolve(_heads(MAIN))
+        table = dispatch_table(MAIN) if head else {}
+        missing = [name for name in ops.list_ops() if name not in table]
+        if not missing:
+            return
+        files: dict[str, str | None] = {}
+        for name in missing:
+            op = ops.get_op(name)
+            files[kept_path(name)] = op.baseline_path.read_text(encoding="utf-8")
+            table[name] = [{
+                "kernel": "baseline", "commit": None, "path": kept_path(name),
+                "source": f"runners/ops/{name}/baseline.py", "axis": None, "min": None, "max": None,
+            }]
+        if head is None:
+            files["README.md"] = README
+        files[DISPATCH_PATH] = dispatch_json(table)
+        message = "Seed the shipped baseline of " + ", ".join(missing)
+        (seed,) = build([NewCommit(parents=[head] if head else [], files=files, message=message,
+                                   author=KERNEL_LAB)])
+        publish([RefUpdate(MAIN, seed, old=head)])
+
+
+def dispatch_json(table: dict[str, list[dict]]) -> str:
+    return json.dumps(table, indent=2) + "\n"
+
+
+def merge_build(*, op: str, commit: str, base: str, entry: dict, message: str,
+                author: Identity, reviewer: Identity) -> Merge:
+    """The merge commit keeping `commit`, with `entry` first in the op's dispatch list.
+
+    Refused when the main line changed, since `base`, a file the candidate changes: the
+    candidate was measured against a kernel that is no longer the kept one.
+    """
+    head = main_head()
+    if is_ancestor(commit, head):
+        raise WorkspaceConflict(f"{commit[:12]} is already on {MAIN}")
+    theirs = changed_files(base, commit)
+    clash = sorted(set(theirs) & set(changed_files(base, head)))
+    if clash:
+        raise WorkspaceConflict(
+            f"{', '.join(clash)} changed on {MAIN} since this candidate's base {base[:12]}: it "
+            "was measured against a kernel that is no longer kept; revert it or revise it")
+    files: dict[str, str | None] = {file: read_file(commit, file) for file in theirs}
+    table = dispatch_table(head)
+    table[op] = [entry, *table.get(op, [])]
+    files[DISPATCH_PATH] = dispatch_json(table)
+    (merge,) = build([NewCommit(parents=[head, commit], files=files, message=message,
+                                author=author, committer=reviewer)])
+    return Merge(commit=merge, previous_main=head, files=sorted(files))
+
+
+def main_commit_with(file: str, content: str) -> str | None:
+    """The newest commit of main's line whose `file` is `content` (None: never was).
+
+    For results measured elsewhere against a kept kernel (an imported sweep): their
+    candidates fork from the main-line commit where that kernel was the kept one.
+    """
+    ensure()
+    head = main_head()
+    if read_file(head, file) == content:
+        return head
+    for commit in _git("rev-list", "--first-parent", _heads(MAIN), "--", file).split():
+        if read_file(commit, file) == content:
+            return commit
+    return None
+
+
+# -- scratch checkouts (an agent sweep's proposals) ----------------------------------
+
+def scratch_checkout(commit: str, folder: Path, *, files: dict[str, str] | None = None) -> str:
+    """A private clone of the workspace at `commit`, detached, in the empty `folder`;
+    with `files`, written over it and committed there. Returns the checkout's base.
+
+    A clone, not a worktree: what runs in it (an agent's command) cannot move the
+    workspace's refs or write into its object store. `--no-hardlinks` so it shares no
+    file with the workspace either.
+    """
+    folder = Path(folder)
+    _git("clone", "--quiet", "--no-checkout", "--no-hardlinks", str(path()), str(folder), in_workspace=False)
+    _git("-C", str(folder), "checkout", "--quiet", "--detach", commit, in_workspace=False)
+    changed = {name: text for name, text in (files or {}).items()
+               if not (folder / name).exists() or (folder / name).read_text(encoding="utf-8") != text}
+    if not changed:
+        return commit
+    for name, text in changed.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+    _git("-C", str(folder), "add", "--", *changed, in_workspace=False)
+    _git("-C", str(folder), "commit", "--quiet", "--no-verify", "-m", "The sweep's kernel", in_workspace=False)
+    return _git("-C", str(folder), "rev-parse", "HEAD", in_workspace=False).strip()
+
+
+def scratch_exclude(folder: Path, name: str) -> None:
+    """Keep `name` (a file the app writes into the checkout) out of its changes."""
+    exclude = Path(folder) / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with open(exclude, "a", encoding="utf-8") as handle:
+        handle.write(f"\n/{name}\n")
+
+
+def scratch_changes(folder: Path, base: str) -> list[str]:
+    """Every file that differs from `base` in the checkout: edited, added (untracked
+    too), deleted, or changed by commits the command made itself."""
+    _git("-C", str(folder), "add", "--all", in_workspace=False)
+    out = _git("-C", str(folder), "diff", "--cached", "--name-only", "--no-renames", "-z", base, "--",
+               in_workspace=False)
+    return [name for name in out.split("\x00") if name]

@@ -1,0 +1,245 @@
+"""Plotly figures of the review page and the keep/revert path: pure functions, data in,
+a figure dict out, embedded in pages as JSON (see research/charts.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from research.charts import _LAYOUT, Figure
+from reviews.selectors import WorkloadRow
+
+KEPT_COLOUR = "#667085"
+CANDIDATE_COLOUR = "#2f5bd3"
+WIN_COLOUR = "#127a3a"
+LOSS_COLOUR = "#b42318"
+GREY = "#98a2b3"
+WAITING_COLOUR = "#dc6803"
+_DASHES = ["solid", "dot", "dash", "dashdot", "longdash"]
+
+
+def _size_label(row: WorkloadRow) -> str:
+    return f"{row.size:,}" if row.size is not None else row.name
+
+
+def _categories(rows: Sequence[WorkloadRow]) -> list[str]:
+    """x positions: the sizes in order (even spacing suits sizes that grow geometrically)."""
+    seen = sorted({(r.size if r.size is not None else -1, _size_label(r)) for r in rows})
+    return [label for _, label in seen]
+
+
+def _groups(rows: Sequence[WorkloadRow]) -> dict[str, list[WorkloadRow]]:
+    groups: dict[str, list[WorkloadRow]] = {}
+    for row in rows:
+        groups.setdefault(row.group, []).append(row)
+    for members in groups.values():
+        members.sort(key=lambda r: (r.size is None, r.size or 0))
+    return groups
+
+
+def _axis_title(axis: str | None) -> str:
+    return (axis or "workload").replace("_", " ")
+
+
+def _band(x: list[str], ci: list[tuple[float, float] | None], colour: str, group: str) -> list[dict]:
+    """A confidence band: the upper edge, then the lower edge filled up to it."""
+    if not any(ci):
+        return []
+    hi = [c[1] if c else None for c in ci]
+    lo = [c[0] if c else None for c in ci]
+    edge = {"type": "scatter", "mode": "lines", "x": x, "line": {"width": 0, "color": colour},
+            "hoverinfo": "skip", "showlegend": False, "legendgroup": group}
+    return [{**edge, "y": hi},
+            {**edge, "y": lo, "fill": "tonexty", "fillcolor": _transparent(colour)}]
+
+
+def _transparent(colour: str, alpha: float = 0.18) -> str:
+    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red},{green},{blue},{alpha})"
+
+
+def latency_figure(rows: Sequence[WorkloadRow], axis: str | None) -> Figure:
+    """Median time per size, kept kernel vs candidate, each with its confidence band."""
+    traces: list[dict] = []
+    for index, (group, members) in enumerate(_groups(rows).items()):
+        x = [_size_label(r) for r in members]
+        dash = _DASHES[index % len(_DASHES)]
+        suffix = "" if group == "all" else f" ({group})"
+        for side, colour, times, ci in (
+            ("kept", KEPT_COLOUR, [r.baseline_ms for r in members], [r.baseline_ci for r in members]),
+            ("candidate", CANDIDATE_COLOUR, [r.candidate_ms for r in members], [r.candidate_ci for r in members]),
+        ):
+            legend = f"{side}{suffix}"
+            traces += _band(x, ci, colour, legend)
+            traces.append({
+                "type": "scatter", "mode": "lines+markers", "name": legend, "legendgroup": legend,
+                "x": x, "y": times, "line": {"color": colour, "dash": dash},
+                "hovertemplate": f"{legend}<br>%{{x}}: %{{y:.4g}} ms<extra></extra>",
+            })
+    return {
+        "data": traces,
+        "layout": {
+            **_LAYOUT,
+            "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
+                      "categoryorder": "array", "categoryarray": _categories(rows)},
+            "yaxis": {"title": {"text": "median time per call (ms)"}, "rangemode": "tozero"},
+            "legend": {"orientation": "h", "y": -0.25},
+        },
+    }
+
+
+def speedup_figure(rows: Sequence[WorkloadRow], axis: str | None,
+                   dispatch: dict | None) -> Figure:
+    """Speedup per size with its confidence interval; the dispatch range shaded.
+
+    `dispatch` is {"min", "max", "summary"?} along the same axis (either end may be
+    None: open). The shading covers the measured sizes inside the range.
+    """
+    categories = _categories(rows)
+    traces = []
+    for index, (group, members) in enumerate(_groups(rows).items()):
+        speedups = [r.speedup for r in members]
+        colours = [
+            (WIN_COLOUR if (r.speedup or 0) > 1 else LOSS_COLOUR) if r.significant else GREY
+            for r in members
+        ]
+        traces.append({
+            "type": "scatter", "mode": "lines+markers",
+            "name": "speedup" if group == "all" else f"speedup ({group})",
+            "x": [_size_label(r) for r in members], "y": speedups,
+            "line": {"color": CANDIDATE_COLOUR, "dash": _DASHES[index % len(_DASHES)]},
+            "marker": {"color": colours, "size": 9},
+            "error_y": {
+                "type": "data", "symmetric": False, "color": GREY,
+                "array": [(r.speedup_ci[1] - r.speedup) if r.speedup_ci and r.speedup else 0 for r in members],
+                "arrayminus": [(r.speedup - r.speedup_ci[0]) if r.speedup_ci and r.speedup else 0 for r in members],
+            },
+            "customdata": [["significant" if r.significant else "not significant", r.p_value] for r in members],
+            "hovertemplate": "%{x}: %{y:.3f}× (%{customdata[0]}, p=%{customdata[1]:.2g})<extra></extra>",
+        })
+    shapes: list[dict[str, Any]] = [{
+        "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1, "y1": 1,
+        "line": {"dash": "dot", "color": "#888"},
+    }]
+    annotations = []
+    inside = _dispatch_positions(rows, categories, dispatch)
+    if inside:
+        shapes.insert(0, {
+            "type": "rect", "xref": "x", "yref": "paper", "x0": inside[0] - 0.5, "x1": inside[-1] + 0.5,
+            "y0": 0, "y1": 1, "fillcolor": _transparent(WIN_COLOUR, 0.12), "line": {"width": 0},
+            "layer": "below",
+        })
+        annotations.append({
+            "xref": "paper", "yref": "paper", "x": 0, "y": 1.08, "showarrow": False, "xanchor": "left",
+            "text": "shaded: dispatch range" + (f" — {dispatch['summary']}" if dispatch.get("summary") else ""),
+            "font": {"color": WIN_COLOUR},
+        })
+    return {
+        "data": traces,
+        "layout": {
+            **_LAYOUT,
+            "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
+                      "categoryorder": "array", "categoryarray": categories},
+            "yaxis": {"title": {"text": "speedup over the kept kernel (×)"}},
+            "shapes": shapes,
+            "annotations": annotations,
+            "legend": {"orientation": "h", "y": -0.25},
+        },
+    }
+
+
+def _dispatch_positions(rows: Sequence[WorkloadRow], categories: list[str],
+                        dispatch: dict | None) -> list[int]:
+    if not dispatch:
+        return []
+    low, high = dispatch.get("min"), dispatch.get("max")
+    return sorted({
+        categories.index(_size_label(r)) for r in rows
+        if r.size is not None and (low is None or r.size >= low) and (high is None or r.size <= high)
+    })
+
+
+# -- the keep/revert path ------------------------------------------------------------
+
+_STATES = {
+    # state: (legend, colour, symbol, size)
+    "rejected": ("rejected", GREY, "x", 7),
+    "no-gain": ("no gain", GREY, "circle-open", 7),
+    "reverted": ("reverted", GREY, "diamond", 8),
+    "waiting": ("awaiting review", WAITING_COLOUR, "circle", 9),
+}
+
+
+def path_figure(points: Sequence[dict]) -> Figure:
+    """Every evaluated candidate in order; kept ones highlighted and labelled; the running
+    best (over kept candidates, per op, starting at the shipped baseline = 1) as a step.
+
+    `points` come from reviews.selectors.path_points: x, y (None when not timed), op,
+    state, label, candidate, thesis, speedup, when, url. A candidate that was never
+    timed (rejected before timing) sits on the x axis.
+    """
+    traces: list[dict] = []
+
+    def marker_trace(members: list[dict], name: str, **style: Any) -> dict:
+        return {
+            "type": "scatter", "mode": "markers", "name": name,
+            "x": [p["x"] for p in members],
+            "y": [p["y"] if p["y"] is not None else 0 for p in members],
+            "customdata": [[p["url"], p["candidate"], p["label"], p["thesis"], p["op"], p["when"],
+                            "not timed" if p["y"] is None else f"{p['y']:.3f}×"] for p in members],
+            "hovertemplate": "%{customdata[1]} · %{customdata[4]} · " + name
+                             + "<br>%{customdata[2]}<br>%{customdata[6]} over the shipped baseline"
+                             "<br>%{customdata[3]}<br>%{customdata[5]}<extra></extra>",
+            **style,
+        }
+
+    for state, (name, colour, symbol, size) in _STATES.items():
+        members = [p for p in points if p["state"] == state]
+        if members:
+            traces.append(marker_trace(members, name, marker={"color": colour, "symbol": symbol, "size": size}))
+
+    ops = list(dict.fromkeys(p["op"] for p in points))
+    last_x = max((p["x"] for p in points), default=0)
+    for op in ops:
+        kept = [p for p in points if p["op"] == op and p["state"] == "kept" and p["y"] is not None]
+        first_x = min(p["x"] for p in points if p["op"] == op)
+        xs, ys, best = [first_x], [1.0], 1.0
+        for point in kept:
+            best = max(best, point["y"])
+            xs.append(point["x"])
+            ys.append(best)
+        xs.append(last_x)
+        ys.append(best)
+        traces.append({
+            "type": "scatter", "mode": "lines", "name": "running best" if len(ops) == 1 else f"running best ({op})",
+            "x": xs, "y": ys, "line": {"shape": "hv", "color": WIN_COLOUR, "width": 2},
+            "hoverinfo": "skip",
+        })
+
+    kept = [p for p in points if p["state"] == "kept"]
+    if kept:
+        traces.append(marker_trace(
+            kept, "kept", mode="markers+text",
+            text=[_label(p) for p in kept], textposition="top center",
+            textfont={"color": WIN_COLOUR, "size": 11},
+            marker={"color": WIN_COLOUR, "symbol": "star", "size": 15, "line": {"color": "#fff", "width": 1}},
+        ))
+    return {
+        "data": traces,
+        "layout": {
+            **_LAYOUT,
+            "height": 380,
+            # Whole candidates only: at most a dozen ticks, however long the path.
+            "xaxis": {"title": {"text": "candidate, in the order results came in"}, "tickformat": "d",
+                      "tick0": 1, "dtick": max(1, math.ceil(last_x / 12))},
+            "yaxis": {"title": {"text": "speedup vs shipped baseline (×)"}, "rangemode": "tozero"},
+            "legend": {"orientation": "h", "y": -0.22},
+            "hovermode": "closest",
+        },
+    }
+
+
+def _label(point: dict, limit: int = 40) -> str:
+    text = f"{point['candidate']}: {point['label']}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

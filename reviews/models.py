@@ -1,0 +1,69 @@
+"""Keep or revert: a person's decision on one revision of a candidate.
+
+Four eyes are kept by the database, not only by the service: a review row names its
+reviewer next to the thesis author and the candidate's producer (who started the
+sweep), and check constraints refuse a row where the reviewer is either of them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from research.models import Candidate
+
+
+class Review(models.Model):
+    class Decision(models.TextChoices):
+        KEEP = "keep", "Kept"
+        REVERT = "revert", "Reverted"
+
+    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="reviews")
+    # The revision decided on: a new commit of the candidate dismisses this decision.
+    commit = models.CharField(max_length=40, blank=True)
+    revision = models.PositiveIntegerField()
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="reviews_given")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    producer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    comment = models.TextField(blank=True)
+    # Where the kept kernel serves (inclusive, along the op's size axis); null: everywhere.
+    dispatch_axis = models.CharField(max_length=40, blank=True)
+    dispatch_min = models.PositiveBigIntegerField(null=True, blank=True)
+    dispatch_max = models.PositiveBigIntegerField(null=True, blank=True)
+    merge_commit = models.CharField(max_length=40, blank=True)
+    archived_branch = models.CharField(max_length=120, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        permissions = [("decide_candidate", "Can keep or revert a candidate")]
+        constraints = [
+            models.CheckConstraint(condition=~Q(reviewer=F("author")), name="review_reviewer_is_not_author"),
+            models.CheckConstraint(condition=~Q(reviewer=F("producer")), name="review_reviewer_is_not_producer"),
+            models.UniqueConstraint(fields=["candidate", "revision"], name="review_one_decision_per_revision"),
+            models.CheckConstraint(condition=Q(decision__in=["keep", "revert"]), name="review_decision_known"),
+            models.CheckConstraint(
+                condition=Q(dispatch_min__isnull=True) | Q(dispatch_max__isnull=True)
+                | Q(dispatch_min__lte=F("dispatch_max")),
+                name="review_dispatch_range_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_decision_display()} {self.candidate} (r{self.revision}) by {self.reviewer}"
+
+    @property
+    def is_keep(self) -> bool:
+        return self.decision == self.Decision.KEEP
+
+    @property
+    def dispatch_text(self) -> str:
+        if self.dispatch_min is None and self.dispatch_max is None:
+            return "every size"
+        axis = self.dispatch_axis.replace("_", " ") or "size"
+        low = "…" if self.dispatch_min is None else f"{self.dispatch_min:,}"
+        high = "…" if self.dispatch_max is None else f"{self.dispatch_max:,}"
+        return f"{axis} {low}–{high}"

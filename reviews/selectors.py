@@ -1,0 +1,347 @@
+"""Reads for the review queue, the review page, the keep/revert path and the leaderboard.
+
+A decision counts only for the revision it was made on: everywhere here a candidate is
+"decided" when a review exists for its current revision, so a new commit puts it back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db.models import Exists, OuterRef, QuerySet
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+
+from research import workspace
+from research.hardware import HARDWARE
+from research.models import Candidate, GuardFinding, Thesis
+from reviews.diffs import FileDiff, render_diff
+from reviews.models import Review
+from runners import ops
+from runners.harness.dispatch import size_axis
+
+LEADERBOARD_PERIODS = {"7": 7, "30": 30, "90": 90, "all": None}
+PATH_LIMIT = 2000
+THESIS_CHOICES = 200
+RECORDED = [Candidate.Status.DONE, Candidate.Status.FAILED]
+
+
+def _decided_now() -> Exists:
+    return Exists(Review.objects.filter(candidate=OuterRef("pk"), revision=OuterRef("revision")))
+
+
+def review_queue(*, op: str = "", hardware: str = "", author: int | None = None,
+                 thesis: int | None = None) -> QuerySet[Candidate]:
+    """Wins not yet decided for their current revision, oldest result first."""
+    queue = (
+        Candidate.objects.filter(verdict="win", status=Candidate.Status.DONE)
+        .exclude(_decided_now())
+        .select_related("sweep__thesis__author", "sweep__started_by")
+        .order_by("finished_at", "id")
+    )
+    if op:
+        queue = queue.filter(sweep__thesis__op=op)
+    if hardware:
+        queue = queue.filter(sweep__hardware=hardware)
+    if author:
+        queue = queue.filter(sweep__thesis__author_id=author)
+    if thesis:
+        queue = queue.filter(sweep__thesis_id=thesis)
+    return queue
+
+
+def review_queue_count() -> int:
+    return review_queue().count()
+
+
+def review_queue_filter_choices() -> dict[str, list[tuple[Any, str]]]:
+    """What the filters offer. Every author and recent thesis, not only those waiting now,
+    so a filter stays valid (and shows an empty list) once its last win is decided."""
+    theses = Thesis.objects.order_by("-created_at", "-id").values_list("pk", "title")[:THESIS_CHOICES]
+    authors = (get_user_model().objects.filter(theses__isnull=False).distinct()
+               .order_by("username").values_list("pk", "username"))
+    return {
+        "op": [(name, name) for name in ops.list_ops()],
+        "hardware": [(key, hw.label) for key, hw in HARDWARE.items()],
+        "author": list(authors),
+        "thesis": [(pk, f"#{pk} {title}") for pk, title in theses],
+    }
+
+
+def candidate_get(candidate_id: int) -> Candidate:
+    return get_object_or_404(
+        Candidate.objects.select_related("sweep__thesis__author", "sweep__thesis__evidence",
+                                         "sweep__started_by"),
+        pk=candidate_id,
+    )
+
+
+def candidate_decision(candidate: Candidate) -> Review | None:
+    """The decision on the candidate's current revision, if any."""
+    return (candidate.reviews.select_related("reviewer").filter(revision=candidate.revision).first())
+
+
+def candidate_reviews(candidate: Candidate) -> list[Review]:
+    return list(candidate.reviews.select_related("reviewer").order_by("-revision", "-created_at"))
+
+
+def op_kept_history(op: str) -> list[Review]:
+    """Kept kernels of an op, newest first (the shipped baseline is below them all)."""
+    return list(
+        Review.objects.filter(decision=Review.Decision.KEEP, candidate__sweep__thesis__op=op)
+        .select_related("candidate__sweep__thesis", "reviewer", "author")
+        .order_by("-created_at", "-id")
+    )
+
+
+# -- what the review page shows ------------------------------------------------------
+
+@dataclass(frozen=True)
+class CandidateDiffs:
+    against_kept: list[FileDiff]
+    # The candidate's own commit against its parent, when that parent is not the kept
+    # kernel: a sweep point's changed PARAMS values, or what a revision changed.
+    own_commit: list[FileDiff] | None
+    error: str = ""
+
+
+def candidate_diffs(candidate: Candidate) -> CandidateDiffs:
+    """The git diffs of the review: against the kept kernel the candidate was timed against."""
+    base, commit = candidate.sweep.base_commit, candidate.commit
+    if not base or not commit:
+        return CandidateDiffs([], None, "this candidate has no commit in the kernel workspace")
+
+    def between(old: str, new: str) -> list[FileDiff]:
+        return render_diff(workspace.diff(old, new),
+                           old_file=lambda file: workspace.read_file(old, file),
+                           new_file=lambda file: workspace.read_file(new, file))
+
+    try:
+        against_kept = between(base, commit)
+        parents = workspace.commit_info(commit)["parents"]
+        own = between(parents[0], commit) if parents and parents[0] != base else None
+    except workspace.WorkspaceError as error:
+        return CandidateDiffs([], None, str(error))
+    return CandidateDiffs(against_kept, own)
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    """One workload of a result, placed on the op's size axis and in its group."""
+
+    name: str
+    size: int | None
+    group: str
+    baseline_ms: float | None
+    baseline_ci: tuple[float, float] | None
+    candidate_ms: float | None
+    candidate_ci: tuple[float, float] | None
+    speedup: float | None
+    speedup_ci: tuple[float, float] | None
+    significant: bool
+    p_value: float | None
+    roofline_fraction: float | None
+    noise_floor: float | None
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return float(value[0]), float(value[1])
+    return None
+
+
+def workload_layout(candidate: Candidate) -> tuple[str | None, dict[str, tuple[int | None, str]]]:
+    """The op's size axis and, per workload name, its size and group.
+
+    The group is the workload parameters that vary besides the size (dtype for
+    rmsnorm, batch for the indexer): one curve each.
+    """
+    thesis = candidate.sweep.thesis
+    device = HARDWARE[candidate.sweep.hardware].device
+    try:
+        workloads = ops.get_op(thesis.op).workloads(device, thesis.context_lengths, thesis.batch_sizes)
+    except (ops.UnknownOpError, ops.WorkloadError):
+        return None, {}
+    axis = size_axis(dict(workloads[0].params)) if workloads else None
+    varying = sorted(key for key in {k for w in workloads for k in w.params}
+                     if key != axis and len({repr(w.params.get(key)) for w in workloads}) > 1)
+    layout = {
+        w.name: (w.params.get(axis) if axis else None,
+                 ",".join(f"{key}={w.params.get(key)}" for key in varying) or "all")
+        for w in workloads
+    }
+    return axis, layout
+
+
+def candidate_workload_rows(candidate: Candidate) -> tuple[str | None, list[WorkloadRow]]:
+    axis, layout = workload_layout(candidate)
+    rows = []
+    for w in (candidate.result or {}).get("workloads") or []:
+        size, group = layout.get(w.get("name"), (None, "all"))
+        rows.append(WorkloadRow(
+            name=w.get("name", "?"), size=size, group=group,
+            baseline_ms=w.get("baseline_ms"), baseline_ci=_pair(w.get("baseline_ci_ms")),
+            candidate_ms=w.get("candidate_ms"), candidate_ci=_pair(w.get("candidate_ci_ms")),
+            speedup=w.get("speedup"), speedup_ci=_pair(w.get("speedup_ci")),
+            significant=bool(w.get("significant")), p_value=w.get("p_value"),
+            roofline_fraction=w.get("roofline_fraction"), noise_floor=w.get("noise_floor"),
+        ))
+    return axis, rows
+
+
+_GUARD_ORDER = {"fail": 0, "warn": 1, "pass": 2}
+
+
+def candidate_guards(candidate: Candidate) -> list:
+    """A "needs scrutiny" flag first, then failures, warnings and passes; in the
+    harness's order within each."""
+    def order(guard: GuardFinding) -> tuple[int, int, int]:
+        scrutiny = guard.name == "plausibility" and guard.status != GuardFinding.Status.PASS
+        return (0 if scrutiny else 1, _GUARD_ORDER.get(guard.status, 3), guard.id)
+    return sorted(candidate.guards.all(), key=order)
+
+
+@dataclass(frozen=True)
+class EndToEnd:
+    baseline_ms: float | None
+    candidate_ms: float | None
+    delta_pct: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline_ms and self.candidate_ms:
+            return self.baseline_ms / self.candidate_ms
+        return None
+
+
+def end_to_end(result: dict | None) -> EndToEnd | None:
+    """The end-to-end check of a result; None when it was not measured."""
+    e2e = (result or {}).get("e2e")
+    if not isinstance(e2e, dict):
+        return None
+    base, cand = e2e.get("baseline_ms"), e2e.get("candidate_ms")
+    delta = e2e.get("delta_pct")
+    if delta is None and base and cand:
+        delta = 100 * (cand - base) / base
+    return EndToEnd(baseline_ms=base, candidate_ms=cand, delta_pct=delta)
+
+
+# -- the keep/revert path ------------------------------------------------------------
+
+def _state(candidate: Candidate, decision: str | None) -> str:
+    if decision == Review.Decision.KEEP:
+        return "kept"
+    if decision == Review.Decision.REVERT:
+        return "reverted"
+    if candidate.verdict == "win":
+        return "waiting"
+    if candidate.verdict == "no-gain":
+        return "no-gain"
+    return "rejected"
+
+
+def path_points(*, thesis_id: int | None = None, op: str = "") -> list[dict]:
+    """Every evaluated candidate in the order its result came in, for the path chart.
+
+    y is the geomean speedup over the op's shipped baseline: a candidate is timed
+    against the kernel kept when its sweep started, so its own speedup is compounded
+    with the kept wins before that, and kept wins accumulate along the path.
+    """
+    candidates = Candidate.objects.filter(status__in=RECORDED).select_related("sweep__thesis")
+    if thesis_id:
+        candidates = candidates.filter(sweep__thesis_id=thesis_id)
+    if op:
+        candidates = candidates.filter(sweep__thesis__op=op)
+    candidates = list(candidates.order_by("finished_at", "id")[:PATH_LIMIT])
+    decisions = {
+        (review.candidate_id, review.revision): review
+        for review in Review.objects.filter(candidate__in=[c.pk for c in candidates])
+    }
+    keeps: dict[str, list[tuple[datetime, float]]] = {}
+    for review in (Review.objects.filter(decision=Review.Decision.KEEP)
+                   .select_related("candidate__sweep__thesis").order_by("created_at")):
+        if review.candidate.geomean_speedup:
+            keeps.setdefault(review.candidate.sweep.thesis.op, []).append(
+                (review.created_at, review.candidate.geomean_speedup))
+
+    points = []
+    for x, candidate in enumerate(candidates, start=1):
+        sweep, thesis = candidate.sweep, candidate.sweep.thesis
+        review = decisions.get((candidate.pk, candidate.revision))
+        base = math.prod(s for when, s in keeps.get(thesis.op, []) if when < sweep.created_at)
+        y = candidate.geomean_speedup * base if candidate.geomean_speedup else None
+        points.append({
+            "x": x,
+            "y": y,
+            "op": thesis.op,
+            "state": _state(candidate, review.decision if review else None),
+            "label": f"{sweep.kernel} {_short_params(candidate.params)}".strip(),
+            "candidate": candidate.label,
+            "thesis": thesis.title,
+            "speedup": candidate.geomean_speedup,
+            "when": candidate.finished_at.isoformat(timespec="seconds") if candidate.finished_at else "",
+            "url": candidate.get_absolute_url(),
+        })
+    return points
+
+
+def _short_params(params: dict) -> str:
+    # Sorted: PostgreSQL's jsonb does not keep the order the keys were written in.
+    return " ".join(f"{key}={value}" for key, value in sorted((params or {}).items()))
+
+
+# -- the leaderboard -----------------------------------------------------------------
+
+@dataclass
+class Standing:
+    key: str
+    label: str
+    tried: int = 0
+    kept: int = 0
+    e2e_measured: int = 0
+    e2e_factor: float = 1.0
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.kept / self.tried if self.tried else None
+
+    @property
+    def e2e_speedup(self) -> float | None:
+        """Kept wins' end-to-end speedups multiplied together; None when none was measured."""
+        return self.e2e_factor if self.e2e_measured else None
+
+
+def leaderboard(*, days: int | None, now: datetime | None = None) -> dict[str, list[Standing]]:
+    """Per engineer (the thesis author) and per op, over candidates evaluated in the period.
+
+    Kept counts the candidates of the period that were kept (on their current
+    revision), so the hit rate, kept / tried, is over the same candidates.
+    """
+    candidates = Candidate.objects.filter(status__in=RECORDED).annotate(
+        kept_now=Exists(Review.objects.filter(candidate=OuterRef("pk"), revision=OuterRef("revision"),
+                                              decision=Review.Decision.KEEP)))
+    if days is not None:
+        candidates = candidates.filter(finished_at__gte=(now or timezone.now()) - timedelta(days=days))
+    rows = candidates.values_list("sweep__thesis__author_id", "sweep__thesis__op", "kept_now", "result")
+    names = dict(get_user_model().objects.values_list("pk", "username"))
+    engineers: dict[Any, Standing] = {}
+    by_op: dict[Any, Standing] = {}
+    for author_id, op, kept, result in rows.iterator():
+        e2e = end_to_end(result) if kept else None
+        for table, key, label in ((engineers, author_id, names.get(author_id, "?")), (by_op, op, op)):
+            standing = table.setdefault(key, Standing(key=str(key), label=label))
+            standing.tried += 1
+            if kept:
+                standing.kept += 1
+                if e2e and e2e.speedup:
+                    standing.e2e_measured += 1
+                    standing.e2e_factor *= e2e.speedup
+
+    def ranked(table: dict[Any, Standing]) -> list[Standing]:
+        return sorted(table.values(), key=lambda s: (-s.kept, -(s.e2e_speedup or 1), -(s.hit_rate or 0), s.label))
+
+    return {"engineers": ranked(engineers), "ops": ranked(by_op)}

@@ -1,0 +1,191 @@
+"""Writes: a person keeps a candidate (merging it into the workspace's main line) or
+reverts it (archiving its branch).
+
+Both check the same things before anything is written: the permission to decide, four
+eyes (the reviewer neither filed the thesis nor produced the candidate; the database
+refuses such a row too), that the candidate is a win still waiting, and that the
+decision is about the commit the reviewer saw. The workspace lock is taken before the
+transaction, and the refs move as the transaction's last step, so a refused or failed
+decision leaves neither a row nor a merge.
+"""
+
+from __future__ import annotations
+
+from django.apps import apps
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from research import workspace
+from research.models import Candidate
+from research.services import describe_params
+from reviews.live import publish_queue_changed
+from reviews.models import Review
+
+DECIDE_PERMISSION = "reviews.decide_candidate"
+MAX_COMMENT = 10_000
+
+
+def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) -> Candidate:
+    if not reviewer.has_perm(DECIDE_PERMISSION):
+        raise PermissionDenied("you may not keep or revert candidates: ask for the reviewer permission")
+    candidate = (Candidate.objects.select_for_update()
+                 .select_related("sweep__thesis__author", "sweep__started_by").get(pk=candidate.pk))
+    sweep = candidate.sweep
+    if reviewer.pk == sweep.thesis.author_id:
+        raise PermissionDenied("you filed this candidate's thesis: someone else must review it")
+    if reviewer.pk == sweep.started_by_id:
+        raise PermissionDenied("you produced this candidate (you started its sweep): someone else must review it")
+    if candidate.verdict != "win" or candidate.status != Candidate.Status.DONE:
+        raise ValidationError("only an evaluated win waits for a decision", code="not-waiting")
+    if commit != candidate.commit:
+        raise ValidationError(
+            f"the candidate has a new revision (r{candidate.revision}, commit {candidate.commit[:12]}) "
+            f"since you opened it at {commit[:12] or 'no commit'}: read the new one first", code="stale")
+    if candidate.reviews.filter(revision=candidate.revision).exists():
+        raise ValidationError("this revision is already decided", code="decided")
+    return candidate
+
+
+def _clean_comment(comment: str) -> str:
+    comment = comment.strip()
+    if len(comment) > MAX_COMMENT:
+        raise ValidationError({"comment": f"at most {MAX_COMMENT:,} characters"})
+    return comment
+
+
+def _dispatch(candidate: Candidate, low: int | None, high: int | None) -> tuple[str, int | None, int | None]:
+    for name, value in (("dispatch_min", low), ("dispatch_max", high)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValidationError({name: "a size is a positive whole number"})
+    if low is not None and high is not None and low > high:
+        raise ValidationError({"dispatch_max": "the range ends before it starts"})
+    from reviews.selectors import workload_layout
+
+    proposed = (candidate.result or {}).get("dispatch") or {}
+    axis = proposed.get("axis") or workload_layout(candidate)[0] or ""
+    return axis, low, high
+
+
+def _details(review: Review, candidate: Candidate) -> dict:
+    """What a decision adds to the webhook's candidate data (webhooks.payloads)."""
+    sweep, thesis = candidate.sweep, candidate.sweep.thesis
+    result = candidate.result or {}
+    details = {
+        "thesis": {"id": thesis.pk, "title": thesis.title},
+        "author": thesis.author.get_username(),
+        "producer": sweep.started_by.get_username(),
+        "hardware": sweep.hardware,
+        "kernel": sweep.kernel,
+        "commit": candidate.commit,
+        "revision": candidate.revision,
+        "workload_speedups": [{"name": w.get("name"), "speedup": w.get("speedup"),
+                               "significant": bool(w.get("significant"))}
+                              for w in result.get("workloads") or []],
+        "e2e": result.get("e2e"),
+    }
+    if review.is_keep:
+        details["merge_commit"] = review.merge_commit
+        details["dispatch_range"] = {"axis": review.dispatch_axis or None, "min": review.dispatch_min,
+                                     "max": review.dispatch_max}
+    else:
+        details["archived_branch"] = review.archived_branch or None
+    return details
+
+
+def _notify(*, type: str, review: Review, candidate: Candidate) -> None:
+    """The webhook outbox rows, written in the decision's own transaction."""
+    if not apps.is_installed("webhooks"):
+        return
+    from webhooks.payloads import candidate_decided
+    from webhooks.services import webhook_event
+
+    webhook_event(type=type, payload=candidate_decided(
+        candidate, reviewer=review.reviewer, comment=review.comment,
+        url=candidate.get_absolute_url(), **_details(review, candidate)))
+
+
+def _merge_message(candidate: Candidate, review: Review, reviewer_identity: workspace.Identity) -> str:
+    sweep, thesis = candidate.sweep, candidate.sweep.thesis
+    params = describe_params(dict(sorted(candidate.params.items())))  # jsonb reorders keys
+    speedup = f"{candidate.geomean_speedup:.3f}x" if candidate.geomean_speedup else "n/a"
+    lines = [
+        f"Keep {thesis.op} candidate {candidate.label}: {sweep.kernel} {params}",
+        "",
+        f"Thesis #{thesis.pk}: {thesis.title}",
+        f"Measured on {sweep.hardware}: geomean {speedup} over the kept kernel",
+        f"Dispatch: {review.dispatch_text}",
+        f"Candidate commit {candidate.commit} (revision {candidate.revision})",
+    ]
+    if review.comment:
+        lines += ["", review.comment]
+    lines += ["", f"Reviewed-by: {reviewer_identity.name} <{reviewer_identity.email}>"]
+    return "\n".join(lines)
+
+
+def candidate_keep(*, candidate: Candidate, reviewer, commit: str, comment: str = "",
+                   dispatch_min: int | None = None, dispatch_max: int | None = None) -> Review:
+    """Keep a win: merge its branch into main with its dispatch range, authored by the
+    thesis author, with the reviewer in a `Reviewed-by:` trailer."""
+    comment = _clean_comment(comment)
+    with workspace.lock(), transaction.atomic():
+        candidate = _locked_waiting_candidate(candidate=candidate, reviewer=reviewer, commit=commit)
+        if not candidate.commit:
+            raise ValidationError("this candidate has no commit in the kernel workspace to merge",
+                                  code="no-commit")
+        axis, low, high = _dispatch(candidate, dispatch_min, dispatch_max)
+        sweep, thesis = candidate.sweep, candidate.sweep.thesis
+        review = Review(
+            candidate=candidate, commit=candidate.commit, revision=candidate.revision,
+            decision=Review.Decision.KEEP, reviewer=reviewer, author=thesis.author,
+            producer=sweep.started_by, comment=comment,
+            dispatch_axis=axis, dispatch_min=low, dispatch_max=high,
+        )
+        reviewer_identity = workspace.identity_of(reviewer)
+        entry = {
+            "kernel": sweep.kernel, "candidate": candidate.label, "revision": candidate.revision,
+            "commit": candidate.commit, "path": workspace.kept_path(thesis.op),
+            "params": candidate.params, "axis": axis or None, "min": low, "max": high,
+            "geomean_speedup": candidate.geomean_speedup, "hardware": sweep.hardware,
+            "thesis": thesis.pk, "author": thesis.author.get_username(),
+            "reviewer": reviewer.get_username(), "kept_at": timezone.now().isoformat(timespec="seconds"),
+        }
+        try:
+            merge = workspace.merge_build(
+                op=thesis.op, commit=candidate.commit, base=sweep.base_commit, entry=entry,
+                message=_merge_message(candidate, review, reviewer_identity),
+                author=workspace.identity_of(thesis.author), reviewer=reviewer_identity,
+            )
+        except workspace.WorkspaceConflict as conflict:
+            raise ValidationError(str(conflict), code="conflict") from conflict
+        review.merge_commit = merge.commit
+        review.save()
+        _notify(type="candidate.kept", review=review, candidate=candidate)
+        transaction.on_commit(publish_queue_changed)
+        workspace.publish([workspace.RefUpdate(workspace.MAIN, merge.commit, old=merge.previous_main)])
+    return review
+
+
+def candidate_revert(*, candidate: Candidate, reviewer, commit: str, comment: str = "") -> Review:
+    """Revert a win: its branch is renamed into archive/, main is untouched."""
+    comment = _clean_comment(comment)
+    with workspace.lock(), transaction.atomic():
+        candidate = _locked_waiting_candidate(candidate=candidate, reviewer=reviewer, commit=commit)
+        sweep = candidate.sweep
+        archived = (workspace.archive_branch(sweep.pk, candidate.number, candidate.revision)
+                    if candidate.commit else "")
+        review = Review.objects.create(
+            candidate=candidate, commit=candidate.commit, revision=candidate.revision,
+            decision=Review.Decision.REVERT, reviewer=reviewer, author=sweep.thesis.author,
+            producer=sweep.started_by, comment=comment, archived_branch=archived,
+        )
+        _notify(type="candidate.reverted", review=review, candidate=candidate)
+        transaction.on_commit(publish_queue_changed)
+        if archived:
+            Candidate.objects.filter(pk=candidate.pk).update(branch=archived)
+            workspace.publish([
+                workspace.RefUpdate(archived, candidate.commit, check=False),
+                workspace.RefUpdate(workspace.candidate_branch(sweep.pk, candidate.number), None,
+                                    old=candidate.commit),
+            ])
+    return review

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from reviews import views
+
+urlpatterns = [
+    path("reviews/", views.review_queue, name="review_queue"),
+    path("candidates/<int:candidate_id>/", views.candidate_review, name="candidate_review"),
+    path("candidates/<int:candidate_id>/decide/", views.candidate_decide, name="candidate_decide"),
+    path("ops/<str:op>/", views.op_detail, name="op_detail"),
+    path("path/", views.path_team, name="path_team"),
+    path("leaderboard/", views.leaderboard, name="leaderboard"),
+]

@@ -1,0 +1,180 @@
+"""Thin views: the queue, the review page and its decision, the path charts, the leaderboard.
+
+One view serves the full page and, for htmx, its fragment. Refusals keep their
+meaning in the status: 403 for who may not decide, 409 for a decision about a
+revision or main line that moved on, 422 for input to correct.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from config.ratelimit import rate_limited
+from research import workspace
+from research.markdown import render_markdown
+from research.models import Candidate
+from reviews import charts, selectors, services
+from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
+from runners import ops
+
+QUEUE_PAGE = 200
+CONFLICT_CODES = {"stale", "decided", "conflict", "not-waiting", "no-commit"}
+
+
+@login_required
+@require_GET
+def review_queue(request: HttpRequest) -> HttpResponse:
+    form = QueueFilterForm(request.GET, choices=selectors.review_queue_filter_choices())
+    queue = selectors.review_queue(**form.filters())
+    template = "reviews/queue.html#queue-list" if request.htmx else "reviews/queue.html"
+    return render(request, template, {
+        "form": form, "candidates": queue[:QUEUE_PAGE], "waiting": queue.count(),
+    })
+
+
+@login_required
+@require_GET
+def candidate_review(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    candidate = selectors.candidate_get(candidate_id)
+    return render(request, "reviews/candidate.html", _review_context(request, candidate))
+
+
+@login_required
+@require_POST
+@rate_limited("candidate-decide")
+def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    candidate = selectors.candidate_get(candidate_id)
+    form = DecisionForm(request.POST)
+    status = 422
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            if data["decision"] == "keep":
+                services.candidate_keep(
+                    candidate=candidate, reviewer=request.user, commit=data["commit"],
+                    comment=data["comment"], dispatch_min=data["dispatch_min"],
+                    dispatch_max=data["dispatch_max"])
+            else:
+                services.candidate_revert(candidate=candidate, reviewer=request.user,
+                                          commit=data["commit"], comment=data["comment"])
+        except PermissionDenied as refusal:
+            form.add_error(None, str(refusal))
+            status = 403
+        except ValidationError as error:
+            if hasattr(error, "error_dict"):
+                for field, messages in error.message_dict.items():
+                    form.add_error(field if field in form.fields else None, messages)
+            else:
+                form.add_error(None, error.messages)
+            status = 409 if getattr(error, "code", None) in CONFLICT_CODES else 422
+        else:
+            if not request.htmx:
+                return redirect(candidate.get_absolute_url())
+            candidate = selectors.candidate_get(candidate_id)
+            return render(request, "reviews/candidate.html#decision", _decision_context(request, candidate))
+    if request.htmx:
+        return render(request, "reviews/candidate.html#decision",
+                      _decision_context(request, candidate, form=form), status=status)
+    return render(request, "reviews/candidate.html", _review_context(request, candidate, form=form),
+                  status=status)
+
+
+def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
+    sweep = candidate.sweep
+    if decided:
+        return False, ""
+    if candidate.verdict != "win" or candidate.status != Candidate.Status.DONE:
+        return False, "Only an evaluated win waits for a decision."
+    if user.pk == sweep.thesis.author_id:
+        return False, "You filed this thesis: a colleague must review its candidates."
+    if user.pk == sweep.started_by_id:
+        return False, "You started this sweep, so you produced this candidate: a colleague must review it."
+    if not user.has_perm(services.DECIDE_PERMISSION):
+        return False, "You do not have the permission to keep or revert candidates."
+    return True, ""
+
+
+def _decision_context(request: HttpRequest, candidate: Candidate, form: DecisionForm | None = None) -> dict:
+    decision = selectors.candidate_decision(candidate)
+    may_decide, why_not = _may_decide(request.user, candidate, decision is not None)
+    proposed = (candidate.result or {}).get("dispatch") or {}
+    axis = proposed.get("axis") or selectors.workload_layout(candidate)[0]
+    return {
+        "candidate": candidate,
+        "decision": decision,
+        "may_decide": may_decide or form is not None,
+        "why_not": why_not,
+        "axis_name": (axis or "size").replace("_", " "),
+        "proposed": proposed,
+        "decision_form": form or DecisionForm(initial={
+            "commit": candidate.commit, "decision": "keep",
+            "dispatch_min": proposed.get("min"), "dispatch_max": proposed.get("max"),
+        }),
+    }
+
+
+def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionForm | None = None) -> dict:
+    sweep, thesis = candidate.sweep, candidate.sweep.thesis
+    context = _decision_context(request, candidate, form)
+    decision = context["decision"]
+    axis, rows = selectors.candidate_workload_rows(candidate)
+    shaded = context["proposed"] or None
+    if decision and decision.is_keep:
+        shaded = {"min": decision.dispatch_min, "max": decision.dispatch_max,
+                  "summary": f"kept for {decision.dispatch_text}"}
+    evidence = thesis.evidence.summary if thesis.evidence else None
+    return {
+        **context,
+        "sweep": sweep,
+        "thesis": thesis,
+        "diffs": selectors.candidate_diffs(candidate),
+        "rows": rows,
+        "latency_figure": charts.latency_figure(rows, axis) if rows else None,
+        "speedup_figure": charts.speedup_figure(rows, axis, shaded) if rows else None,
+        "guards": selectors.candidate_guards(candidate),
+        "e2e": selectors.end_to_end(candidate.result),
+        "any_roofline": any(r.roofline_fraction is not None for r in rows),
+        "idea_html": render_markdown(thesis.idea),
+        "evidence": evidence,
+        "history": selectors.op_kept_history(thesis.op)[:20],
+        "earlier_reviews": [r for r in selectors.candidate_reviews(candidate) if r.revision != candidate.revision],
+    }
+
+
+@login_required
+@require_GET
+def op_detail(request: HttpRequest, op: str) -> HttpResponse:
+    if op not in ops.list_ops():
+        raise Http404(f"no op {op!r}")
+    try:
+        dispatch = workspace.dispatch_table().get(op, [])
+    except workspace.WorkspaceError:
+        dispatch = None  # not created yet: the first sweep or start creates it
+    return render(request, "reviews/op.html", {
+        "op": ops.get_op(op),
+        "path_figure": charts.path_figure(selectors.path_points(op=op)),
+        "history": selectors.op_kept_history(op),
+        "dispatch": dispatch,
+        "waiting": selectors.review_queue(op=op).count(),
+    })
+
+
+@login_required
+@require_GET
+def path_team(request: HttpRequest) -> HttpResponse:
+    return render(request, "reviews/path.html", {
+        "path_figure": charts.path_figure(selectors.path_points()),
+        "ops": ops.list_ops(),
+    })
+
+
+@login_required
+@require_GET
+def leaderboard(request: HttpRequest) -> HttpResponse:
+    form = LeaderboardForm(request.GET or {"period": "30"})
+    template = "reviews/leaderboard.html#standings" if request.htmx else "reviews/leaderboard.html"
+    return render(request, template, {"form": form, **selectors.leaderboard(days=form.days())})

@@ -1,0 +1,1 @@
+"""The end-to-end check: a synthetic decode step that dispatches the op under test."""

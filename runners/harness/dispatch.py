@@ -1,0 +1,78 @@
+"""Where to use a candidate: the contiguous range of sizes on which it wins.
+
+Wins depend on the workload: a kernel may win up to 96K tokens of context and lose
+beyond. The range is taken along the op's size axis (context length, or tokens for ops
+without a context) over the workloads' significance; everywhere else the kept kernel
+stays. A size counts as won when the candidate is significantly faster there on some
+workload and significantly slower on none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SIZE_AXES = ("context_length", "tokens")
+
+
+@dataclass(frozen=True)
+class SizedResult:
+    size: int
+    speedup: float | None
+    significant: bool
+
+
+def size_axis(params: dict) -> str | None:
+    return next((axis for axis in SIZE_AXES if axis in params), None)
+
+
+def _won_sizes(results: Sequence[SizedResult]) -> dict[int, bool]:
+    won: dict[int, bool] = {}
+    for size in sorted({r.size for r in results}):
+        here = [r for r in results if r.size == size and r.significant and r.speedup]
+        won[size] = any(r.speedup > 1 for r in here) and not any(r.speedup < 1 for r in here)
+    return won
+
+
+def dispatch_range(axis: str, results: Sequence[SizedResult]) -> dict | None:
+    """The longest run of consecutive won sizes (ties: the run with the best speedup)."""
+    won = _won_sizes(results)
+    runs: list[list[int]] = []
+    previous_won = False
+    for size, this_won in won.items():
+        if this_won:
+            if previous_won:
+                runs[-1].append(size)
+            else:
+                runs.append([size])
+        previous_won = this_won
+    if not runs:
+        return None
+    best = {r.size: max((x.speedup or 0) for x in results if x.size == r.size) for r in results}
+    chosen = max(runs, key=lambda run: (len(run), max(best[s] for s in run)))
+    sizes = list(won)
+    return {
+        "axis": axis,
+        "min": chosen[0],
+        "max": chosen[-1],
+        "sizes": chosen,
+        "covers_all": chosen == sizes,
+        "summary": _summary(axis, chosen[0], chosen[-1], sizes),
+    }
+
+
+def _human(size: int) -> str:
+    return f"{size // 1024}K" if size >= 1024 and size % 1024 == 0 else str(size)
+
+
+def _summary(axis: str, low: int, high: int, sizes: list[int]) -> str:
+    name = axis.replace("_", " ")
+    if low == sizes[0] and high == sizes[-1]:
+        return f"candidate at every measured {name} ({_human(low)}–{_human(high)})"
+    where = _human(low) if low == high else f"{_human(low)}–{_human(high)}"
+    parts = [f"candidate for {name} {where}"]
+    if low != sizes[0]:
+        parts.append(f"kept kernel below {_human(low)}")
+    if high != sizes[-1]:
+        parts.append(f"kept kernel beyond {_human(high)}")
+    return ", ".join(parts)

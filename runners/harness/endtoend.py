@@ -1,0 +1,180 @@
+"""The end-to-end check: does the candidate make a whole decode step faster or slower?
+
+After the kernel timing, for an op the synthetic decode step dispatches
+(`runners.e2e.step.DISPATCHED_OPS`), every child builds the step for each end-to-end
+point with its own forward dispatched in: the candidate's process with the candidate,
+the two baseline processes (which never imported the candidate) with the kept kernel
+the evaluation already times against. Every side uses the same seed, so the weights
+and caches are identical. The judge then times the steps alternately through the same
+requests, rounds and clock code as the kernel calls (`measure.measure_step`): eager at
+the small shape on the CPU, one CUDA-graph replay per step on CUDA. The second baseline
+process is the A/A control again, so "significant" means beyond this run's noise floor.
+
+Points: dsa_indexer_topk runs the step at every declared (context length, batch) of its
+workloads. rmsnorm declares token counts, not contexts, so its step runs at one fixed
+context, the smallest context the indexer op declares on that device (2048 on cpu, 4096
+on cuda), at each declared batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runners.e2e import step as e2e_step
+from runners.harness.children import BASELINE, CANDIDATE, CallFailed, Child, ChildFailure
+from runners.harness.measure import CONTROL, measure_step
+from runners.harness.result import Guard, WorkloadResult
+from runners.harness.seeds import derive_seed
+from runners.harness.stats import combined_delta, compare, noise_floors
+from runners.ops import Op, Workload, get_op
+
+# The CPU step is there so CI runs the code path, not to measure much: a small budget.
+CPU_BUDGET_S = 0.25
+HEADLINE = "geometric mean over points"
+
+
+@dataclass(frozen=True)
+class Point:
+    context_length: int
+    batch: int
+
+    @property
+    def label(self) -> str:
+        return f"ctx={self.context_length}, batch {self.batch}"
+
+
+def dispatched(op: Op) -> bool:
+    return op.name in e2e_step.DISPATCHED_OPS
+
+
+def points(op: Op, workloads: list[Workload], device: str,
+           batch_sizes: list[int] | None) -> list[Point]:
+    """The (context length, batch) points the step runs at, in order."""
+    found = {(w.params["context_length"], w.params["batch"]) for w in workloads
+             if "context_length" in w.params and "batch" in w.params}
+    if not found:  # rmsnorm: one fixed model context, the declared batch sizes
+        context = min(get_op("dsa_indexer_topk").default_context_lengths(device))
+        batches = batch_sizes if batch_sizes is not None else op.default_batch_sizes(device)
+        found = {(context, batch) for batch in batches}
+    return [Point(context, batch) for context, batch in sorted(found)]
+
+
+def check(
+    op: Op,
+    workloads: list[Workload],
+    kernel_results: list[WorkloadResult],
+    sides: Mapping[str, Child],
+    *,
+    device: str,
+    batch_sizes: list[int] | None,
+    secret_seed: int,
+    budget_s: float,
+    meaningful: bool,
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any] | None, Guard]:
+    """Times every point; returns the `e2e` JSON (None when it could not be measured)
+    and the `e2e` guard (or the guard of a candidate process that died doing it)."""
+    budget = min(budget_s, CPU_BUDGET_S) if device == "cpu" else budget_s
+    measured = []
+    for point in points(op, workloads, device, batch_sizes):
+        try:
+            times = measure_step(sides, context_length=point.context_length, batch=point.batch,
+                                 # The same on every side: identical weights and caches.
+                                 seed=derive_seed(secret_seed, "e2e", point.context_length, point.batch),
+                                 budget_s=budget)
+        except CallFailed as failure:
+            return None, _call_failed(failure, point)
+        except ChildFailure as failure:
+            if failure.role == CANDIDATE:
+                return None, Guard(failure.guard, "fail", failure.detail)
+            return None, Guard("e2e", "warn", f"the end-to-end check could not run: {failure.detail}")
+        measured.append((point, times))
+        say(f"timed the decode step at {point.label}: {len(times[CANDIDATE].reported)} samples a side")
+    report = _report(measured, secret_seed=secret_seed, graphs=device == "cuda", meaningful=meaningful)
+    return report, _guard(report, workloads, kernel_results)
+
+
+def _call_failed(failure: CallFailed, point: Point) -> Guard:
+    where = f"the decode step at {point.label}"
+    if failure.role != CANDIDATE:
+        return Guard("e2e", "warn", f"the end-to-end check could not run: the {failure.role} "
+                                    f"process failed {failure.during}: {failure.error}")
+    if failure.kind == "capture":
+        return Guard("e2e", "fail", f"breaks CUDA-graph capture of the decode step: {failure.error} ({where})")
+    if failure.kind == "memory":
+        return Guard("resources", "fail", f"ran out of memory in {where}: {failure.error}")
+    return Guard("e2e", "fail", f"raises inside the decode step: forward raised {failure.error} ({where})")
+
+
+def _report(measured: list, *, secret_seed: int, graphs: bool, meaningful: bool) -> dict[str, Any]:
+    rngs = [np.random.default_rng(derive_seed(secret_seed, "e2e-bootstrap", p.context_length, p.batch))
+            for p, _ in measured]
+    floors = noise_floors([(t[BASELINE].reported, t[CONTROL].reported) for _, t in measured], rngs=rngs)
+    rows = []
+    pooled = []
+    for (point, times), floor, rng in zip(measured, floors, rngs, strict=True):
+        # Both baseline processes are the baseline, as in the kernel timing.
+        baseline = times[BASELINE].reported + times[CONTROL].reported
+        found = compare(baseline, times[CANDIDATE].reported, rng=rng, noise=floor.floor)
+        pooled.append((baseline, times[CANDIDATE].reported))
+        rows.append({
+            "context_length": point.context_length, "batch": point.batch,
+            "baseline_ms": found.baseline_ms, "candidate_ms": found.candidate_ms,
+            "delta_pct": 100 * (found.candidate_ms / found.baseline_ms - 1),
+            "significant": found.significant and meaningful,
+            "p_value": found.p_value, "noise_floor_pct": 100 * floor.floor,
+            "samples": len(times[CANDIDATE].reported),
+        })
+    # The headline is the geometric mean over the points (every declared size weighs the
+    # same); each point is in `points`, with its own significance.
+    total = combined_delta(pooled, rng=np.random.default_rng(derive_seed(secret_seed, "e2e-combined")))
+    return {
+        "baseline_ms": total.baseline_ms, "candidate_ms": total.candidate_ms,
+        "delta_pct": 100 * total.delta,
+        "delta_ci_pct": [100 * total.delta_ci[0], 100 * total.delta_ci[1]],
+        "p_value": total.p_value, "headline": HEADLINE,
+        "points": rows, "graphs": graphs,
+    }
+
+
+def _kernel_win(point: dict[str, Any], workloads: list[Workload],
+                results: list[WorkloadResult]) -> WorkloadResult | None:
+    """The kernel workload to set against a point: its own if it won, else the best win."""
+    wins = [(w, r) for w, r in zip(workloads, results, strict=True)
+            if r.significant and r.speedup is not None and r.speedup > 1]
+    same = [r for w, r in wins if w.params.get("context_length") == point["context_length"]
+            and w.params.get("batch") == point["batch"]]
+    if same:
+        return same[0]
+    return max((r for _, r in wins), key=lambda r: r.speedup, default=None)
+
+
+def _guard(report: dict[str, Any], workloads: list[Workload], results: list[WorkloadResult]) -> Guard:
+    slower = [p for p in report["points"] if p["significant"] and p["delta_pct"] > 0]
+    if slower:
+        worst = max(slower, key=lambda p: p["delta_pct"])
+        step = (f"the decode step is {worst['delta_pct']:.1f}% slower end to end at "
+                f"ctx={worst['context_length']}, batch {worst['batch']}: {worst['candidate_ms']:.3g} ms "
+                f"vs {worst['baseline_ms']:.3g} ms (p={worst['p_value']:.2g})")
+        win = _kernel_win(worst, workloads, results)
+        if win is not None:
+            return Guard("e2e", "fail", f"kernel {win.speedup:.2f}× faster on {win.name}, but {step}")
+        return Guard("e2e", "warn", f"{step}; the kernel did not win either")
+    low, high = report["delta_ci_pct"]
+    count = len(report["points"])
+    faster = [p for p in report["points"] if p["significant"] and p["delta_pct"] < 0]
+    floor = max(p["noise_floor_pct"] for p in report["points"])
+    verdict = (f"significantly faster at {len(faster)} of {count} points" if faster
+               else f"no significant change at any point (A/A noise floor up to {floor:.2g}%)")
+    return Guard("e2e", "pass", (
+        f"decode step {report['delta_pct']:+.1f}% end to end ({report['candidate_ms']:.3g} ms vs "
+        f"{report['baseline_ms']:.3g} ms, " + (f"geometric mean over {count} points" if count > 1 else
+                                               f"ctx={report['points'][0]['context_length']}, "
+                                               f"batch {report['points'][0]['batch']}")
+        + f"; 95% CI "
+        f"[{low:+.1f}%, {high:+.1f}%]); {verdict}"
+        + ("; CUDA graphs" if report["graphs"] else "; eager CPU step")))

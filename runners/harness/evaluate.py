@@ -1,0 +1,493 @@
+"""The evaluation, top to bottom: candidate process → correctness → timing → statistics → guards → verdict.
+
+The process running this is the judge. It never imports candidate code: the candidate
+runs in a child process of its own, the baseline in two others that never saw the
+candidate (one to compare against, one as the A/A control that measures the noise
+floor). The judge draws the secret seed, generates the same inputs as the children to
+compute references the children never see, checks every output it fetches, measures
+its own round trips, and decides. Whatever a child does (crash, hang, exit, print,
+lie), the evaluation completes with a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runners.harness import dsl as dsls
+from runners.harness import e2e_command as declared_e2e
+from runners.harness import endtoend, protected, roofline
+from runners.harness.children import (
+    BASELINE,
+    CANDIDATE,
+    CallFailed,
+    Child,
+    ChildFailure,
+    Limits,
+)
+from runners.harness.correctness import call_failure, check_correctness, replay_checks, revalidate
+from runners.harness.dispatch import SizedResult, dispatch_range, size_axis
+from runners.harness.measure import CONTROL, Measurement, clock_disagreement, measure_workload
+from runners.harness.result import EvaluationResult, Guard, WorkloadResult
+from runners.harness.seeds import derive_seed, draw_secret_seed
+from runners.harness.stats import compare, noise_floors
+from runners.ops import Op, Workload, get_op
+from runners.space import read_literals
+
+DSLS = dsls.DSLS
+# A fixed count so runs are comparable, and at most half the cores: with every core
+# busy, one descheduled OpenMP worker stalls a whole call and swamps the timing.
+MAX_THREADS = 4
+# A speedup above this over the baseline is flagged for scrutiny (reward-hacks.md).
+PLAUSIBLE_SPEEDUP = 10.0
+# Guards whose failure means the outputs were not right (or never came).
+_CORRECTNESS_GUARDS = frozenset({"loads", "correctness", "output-type", "inputs-unchanged",
+                                 "deterministic", "timed-outputs"})
+
+
+class UsageError(ValueError):
+    """The evaluation was asked for wrongly; nothing about the candidate is known."""
+
+
+def _checked_device(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device cuda: CUDA is not available here (torch {torch.__version__})")
+        return "cuda"
+    raise UsageError(f"unknown device {device!r} (known: cpu, cuda)")
+
+
+def _candidate_file(op: Op, candidate_path: str | os.PathLike[str]) -> Path:
+    if str(candidate_path) == "baseline":
+        return op.baseline_path
+    path = Path(candidate_path)
+    if not path.is_file():
+        raise UsageError(f"candidate file not found: {path}")
+    return path.resolve()
+
+
+def _thread_count() -> int:
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_THREADS, (available or 1) // 2))
+
+
+def _literal_params(source: str) -> dict[str, object] | None:
+    # Read, never run: the judge does not execute candidate code, even to see PARAMS.
+    try:
+        params, _ = read_literals(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return params
+
+
+def _verdict(result: EvaluationResult) -> str:
+    """A win needs a dispatch range: somewhere the candidate is significantly faster and
+    nowhere in that range significantly slower."""
+    if not result.correct or any(guard.status == "fail" for guard in result.guards):
+        return "rejected"
+    return "win" if result.dispatch and result.timing_meaningful else "no-gain"
+
+
+def _dispatch(workloads: list[Workload], results: list[WorkloadResult]) -> dict | None:
+    axis = size_axis(workloads[0].params) if workloads else None
+    if axis is None:
+        return None
+    return dispatch_range(axis, [
+        SizedResult(workload.params[axis], result.speedup, result.significant)
+        for workload, result in zip(workloads, results)
+    ])
+
+
+@dataclass
+class _Run:
+    """One evaluation in progress: what was asked, and the children started for it."""
+
+    op: Op
+    path: Path
+    baseline_path: Path
+    workloads: list[Workload]
+    result: EvaluationResult
+    limits: Limits
+    budget_s: float
+    deadline: float
+    say: Callable[[str], None]
+    # The required-DSL check of the source: (status, detail), None for plain torch.
+    static: tuple[str, str] | None = None
+    # The protected-settings check of the source against the kept kernel's (None: the
+    # source is not Python).
+    protected_settings: tuple[str, str] | None = None
+    # The batch sizes asked for (None: the op's defaults), for the end-to-end points.
+    batch_sizes: list[int] | None = None
+    # The user's own end-to-end command for the op (runners.harness.e2e_command), if any.
+    e2e_command: str | None = None
+    e2e_command_budget_s: float = declared_e2e.BUDGET_S
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, role: str, path: Path, dsl: str) -> Child:
+        setup = {
+            "op": self.op.name, "device": self.result.device, "dsl": dsl,
+            "candidate": str(path), "threads": self.result.threads,
+            "cpu_seconds": math.ceil(self.limits.total_s * (self.result.threads or 1)) + 10,
+            "file_bytes": self.limits.file_bytes, "memory_bytes": self.limits.memory_bytes,
+            "gpu_fraction": self.limits.gpu_fraction,
+        }
+        label = {CANDIDATE: "candidate process", BASELINE: "baseline process",
+                 CONTROL: "second baseline process"}[role]
+        child = Child(role=role, label=label, setup=setup, limits=self.limits,
+                      deadline=self.deadline,
+                      env_extra=lambda scratch: dsls.child_environment(dsl, self.result.device, scratch))
+        self.children.append(child)
+        return child
+
+    def close(self) -> None:
+        for child in self.children:
+            child.close()
+
+
+def evaluate(
+    op_name: str,
+    candidate_path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    context_lengths: Iterable[int] | None = None,
+    batch_sizes: Iterable[int] | None = None,
+    time_budget_s: float = 1.0,
+    progress: Callable[[str], None] | None = None,
+    dsl: str = "torch",
+    seed: int | None = None,
+    limits: Limits | None = None,
+    baseline: str | os.PathLike[str] | None = None,
+    e2e_command: str | None = None,
+    e2e_command_budget_s: float = declared_e2e.BUDGET_S,
+) -> EvaluationResult:
+    """Evaluate a candidate file (or "baseline", for an A/A run) against the op's baseline.
+
+    `baseline` replaces the op's baseline.py as the kernel to time against (the kept
+    kernel of the workspace's main line, so kept wins accumulate). `e2e_command` is the
+    user's own end-to-end program for the op, run with the kept kernel and with the
+    candidate within `e2e_command_budget_s` seconds (runners.harness.e2e_command).
+
+    Raises UnknownOpError, WorkloadError or UsageError before anything runs when the
+    request itself is wrong; anything wrong with the candidate is a `rejected` verdict.
+    """
+    started = time.monotonic()
+    say = progress or (lambda message: None)
+    op = get_op(op_name)
+    kind = _checked_device(device)
+    batch_sizes = None if batch_sizes is None else list(batch_sizes)
+    workloads = op.workloads(kind, context_lengths, batch_sizes)
+    path = _candidate_file(op, candidate_path)
+    baseline_path = op.baseline_path if baseline is None else _candidate_file(op, baseline)
+    if dsl not in DSLS:
+        raise UsageError(f"unknown DSL {dsl!r} (known: {', '.join(DSLS)})")
+    if not time_budget_s > 0:
+        raise UsageError(f"the time budget must be positive, not {time_budget_s}")
+    if not e2e_command_budget_s > 0:
+        raise UsageError(f"the end-to-end command's budget must be positive, not {e2e_command_budget_s}")
+    limits = limits or Limits()
+    source = path.read_text(encoding="utf-8", errors="replace")
+
+    result = EvaluationResult(
+        op=op.name, device=kind, verdict="rejected", correct=False,
+        workloads=[WorkloadResult(name=workload.name) for workload in workloads],
+        candidate="baseline" if str(candidate_path) == "baseline" else str(path),
+        dsl=dsl, params=_literal_params(source), threads=_thread_count(),
+        timing_meaningful=dsls.timings_meaningful(dsl, kind),
+        seed=draw_secret_seed() if seed is None else seed,
+    )
+    run = _Run(op=op, path=path, baseline_path=baseline_path, workloads=workloads, result=result,
+               limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
+               static=dsls.static_check(source, dsl) if dsl != "torch" else None,
+               protected_settings=protected.check(
+                   source, baseline_path.read_text(encoding="utf-8", errors="replace")),
+               batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
+               e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
+    # One thread here: the judge's idle OpenMP workers spin for a while after each of its
+    # own torch calls (references, checks), stealing a core from the child being timed.
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        candidate = _judge(run)
+    finally:
+        run.close()
+        torch.set_num_threads(previous_threads)
+    result.guards += _watch_guards(run, candidate)
+    if run.protected_settings is not None:
+        result.guards.append(Guard("protected-settings", *run.protected_settings))
+    if result.correct:
+        result.dispatch = _dispatch(run.workloads, result.workloads)
+    result.verdict = _verdict(result)
+    result.duration_s = round(time.monotonic() - started, 3)
+    say(f"verdict: {result.verdict}")
+    return result
+
+
+def _judge(run: _Run) -> Child | None:
+    """Runs the evaluation's steps in order; each failure becomes a guard and ends it."""
+    result, say = run.result, run.say
+    say(f"{run.op.name} on {result.device}: {len(run.workloads)} workloads, {result.threads} threads")
+    candidate = run.start(CANDIDATE, run.path, result.dsl)
+    try:
+        candidate.wait_loaded()
+    except CallFailed as failure:
+        return _fail(result, candidate, Guard("loads", "fail", failure.error))
+    except ChildFailure as failure:
+        return _fail(result, candidate, Guard(failure.guard, "fail", failure.detail))
+    result.guards.append(Guard("loads", "pass", f"{run.path.name} imports and defines forward()"))
+
+    try:
+        result.guards += check_correctness(run.op, candidate, run.workloads,
+                                           secret_seed=result.seed, progress=say)
+    except ChildFailure as failure:
+        return _fail(result, candidate, Guard(failure.guard, "fail", failure.detail))
+    result.correct = not any(guard.status == "fail" for guard in result.guards)
+    if not result.correct:
+        result.error = next(guard.detail for guard in result.guards if guard.status == "fail")
+        return candidate
+    watch = candidate.watch
+    if (watch.refused or watch.replaced or watch.extra_threads or watch.config_changed
+            or (run.static and run.static[0] == "fail")
+            or (run.protected_settings and run.protected_settings[0] == "fail")):
+        # Already rejected, by what it tried or by what it is written in (the guards are
+        # added once the run ends): timing it would only cost time.
+        return candidate
+
+    try:
+        _time(run, candidate)
+    except CallFailed as failure:
+        guard = (call_failure(failure, "timed-calls", failure.during) if failure.role == CANDIDATE
+                 else Guard("harness", "fail", f"the {failure.role} process failed: {failure.error}"))
+        _fail(result, candidate, guard)
+    except ChildFailure as failure:
+        name = failure.guard if failure.role == CANDIDATE else "harness"
+        _fail(result, candidate, Guard(name, "fail", failure.detail))
+    return candidate
+
+
+def _fail(result: EvaluationResult, candidate: Child, guard: Guard) -> Child:
+    result.guards.append(guard)
+    result.error = guard.detail
+    if guard.name in _CORRECTNESS_GUARDS:
+        result.correct = False
+    return candidate
+
+
+def _time(run: _Run, candidate: Child) -> None:
+    """Times every workload against two baseline processes; fills result.workloads."""
+    result, say = run.result, run.say
+    baseline_dsl = dsls.kernel_dsl(run.baseline_path)
+    baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
+    control = run.start(CONTROL, run.baseline_path, baseline_dsl)
+    for child in (baseline, control):
+        child.wait_loaded()
+    for child in (baseline, control):
+        replay_checks(child, run.workloads, secret_seed=result.seed)
+    sides = {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
+    measured: list[Measurement] = []
+    for position, workload in enumerate(run.workloads):
+        measurement = measure_workload(run.op, workload, position, sides, secret_seed=result.seed,
+                                       budget_s=run.budget_s)
+        problems = revalidate(run.op, workload, measurement.fetched)
+        if problems:
+            result.guards += problems
+            result.correct = False
+            result.error = problems[0].detail
+            return
+        measured.append(measurement)
+        say(f"timed {workload.name}: {len(measurement.times[CANDIDATE].reported)} samples a side")
+    hardware = roofline.hardware_key(result.device)
+    result.workloads = _workload_results(run, measured, hardware)
+    for workload in result.workloads:
+        say(_progress_line(workload))
+    result.guards += _timing_guards(run, measured, hardware)
+    if endtoend.dispatched(run.op) and not any(guard.status == "fail" for guard in result.guards):
+        # The end-to-end check: only for a candidate still standing after the kernel timing;
+        # one rejected before it keeps `e2e: null`.
+        result.e2e, guard = endtoend.check(
+            run.op, run.workloads, result.workloads, sides, device=result.device,
+            batch_sizes=run.batch_sizes, secret_seed=result.seed, budget_s=run.budget_s,
+            meaningful=result.timing_meaningful, say=say)
+        result.guards.append(guard)
+        if result.e2e is not None:
+            say(f"end to end: {guard.detail}")
+    if run.e2e_command is not None and not any(guard.status == "fail" for guard in result.guards):
+        _run_e2e_command(run)
+
+
+def _run_e2e_command(run: _Run) -> None:
+    """The user's own end-to-end command; its report sits next to the built-in step's keys."""
+    result = run.result
+    report, guard = declared_e2e.check(
+        run.e2e_command, op=run.op.name, candidate=run.path, baseline=run.baseline_path,
+        secret_seed=result.seed, budget_s=run.e2e_command_budget_s, say=run.say)
+    result.e2e = {**(result.e2e or {}), "command": report}
+    result.guards.append(guard)
+    run.say(f"end-to-end command: {guard.detail}")
+
+
+def _workload_results(run: _Run, measured: list[Measurement],
+                      hardware: str | None) -> list[WorkloadResult]:
+    rngs = [np.random.default_rng(derive_seed(run.result.seed, "bootstrap", workload.name))
+            for workload in run.workloads]
+    floors = noise_floors([(m.times[BASELINE].reported, m.times[CONTROL].reported) for m in measured],
+                          rngs=rngs)
+    results = []
+    for workload, measurement, floor, rng in zip(run.workloads, measured, floors, rngs, strict=True):
+        times = measurement.times
+        # Both baseline processes are the baseline: one process's luck weighs half.
+        baseline_samples = times[BASELINE].reported + times[CONTROL].reported
+        found = compare(baseline_samples, times[CANDIDATE].reported, rng=rng, noise=floor.floor)
+        results.append(WorkloadResult(
+            name=workload.name,
+            baseline_ms=found.baseline_ms,
+            candidate_ms=found.candidate_ms,
+            speedup=found.speedup,
+            significant=found.significant and run.result.timing_meaningful,
+            speedup_ci=list(found.speedup_ci),
+            p_value=found.p_value,
+            samples=len(times[CANDIDATE].reported),
+            baseline_ci_ms=list(found.baseline_ci_ms),
+            candidate_ci_ms=list(found.candidate_ci_ms),
+            aa_speedup=floor.speedup,
+            noise_floor=floor.floor,
+            floor_ms=roofline.floor_ms(run.op, workload, hardware),
+            roofline_fraction=roofline.achieved_fraction(run.op, workload, hardware,
+                                                         found.candidate_ms),
+        ))
+    return results
+
+
+def _progress_line(workload: WorkloadResult) -> str:
+    low, high = workload.speedup_ci or (math.nan, math.nan)
+    return (f"timing {workload.name}: baseline {workload.baseline_ms:.4g} ms, candidate "
+            f"{workload.candidate_ms:.4g} ms, speedup {workload.speedup:.3f}x [{low:.3f}, {high:.3f}], "
+            f"p={workload.p_value:.2g}, noise floor {100 * (workload.noise_floor or 0):.2g}%, "
+            f"{workload.samples} samples each" + (" (significant)" if workload.significant else ""))
+
+
+def _timing_guards(run: _Run, measured: list[Measurement], hardware: str | None) -> list[Guard]:
+    guards = []
+    disagreements = [problem for measurement in measured
+                     if (problem := clock_disagreement(measurement.times[CANDIDATE],
+                                                       [measurement.times[BASELINE],
+                                                        measurement.times[CONTROL]]))]
+    guards.append(Guard("clock", "fail", disagreements[0]) if disagreements else Guard(
+        "clock", "pass", "the candidate's reported times agree with the judge's round trips"))
+    if hardware is not None:
+        impossible = [
+            f"impossible: {w.name}: {w.candidate_ms:.4g} ms is below the physical floor of "
+            f"{w.floor_ms:.4g} ms" for w in run.result.workloads
+            if w.floor_ms is not None and w.candidate_ms is not None and w.candidate_ms < w.floor_ms
+        ]
+        guards.append(Guard("roofline", "fail", impossible[0]) if impossible else Guard(
+            "roofline", "pass", f"every workload above its physical floor on {hardware}"))
+    guards.append(_plausibility(run.result.workloads))
+    return guards
+
+
+def _plausibility(workloads: list[WorkloadResult]) -> Guard:
+    """Real kernel wins are rarely tenfold: one that is gets a human's eyes first."""
+    implausible = [w for w in workloads if w.speedup is not None and w.speedup > PLAUSIBLE_SPEEDUP]
+    if not implausible:
+        return Guard("plausibility", "pass",
+                     f"no workload more than {PLAUSIBLE_SPEEDUP:g}x faster than the baseline")
+    shown = ", ".join(f"{w.name} {w.speedup:.1f}x" for w in implausible[:3])
+    return Guard("plausibility", "warn",
+                 f"needs scrutiny: more than {PLAUSIBLE_SPEEDUP:g}x faster than the baseline "
+                 f"({shown}); check the guards and the diff before trusting it")
+
+
+def _watch_guards(run: _Run, candidate: Child | None) -> list[Guard]:
+    """What the candidate's process was seen doing, whatever stage the run ended at."""
+    if candidate is None:
+        return []
+    watch = candidate.watch
+    guards = []
+    if watch.refused:
+        counts = Counter(watch.refused)
+        shown = "; ".join(f"{action}" + (f" (×{count})" if count > 1 else "")
+                          for action, count in list(counts.items())[:3])
+        more = f"; and {len(counts) - 3} other kinds" if len(counts) > 3 else ""
+        guards.append(Guard("sandbox", "fail", f"refused: {shown}{more}"))
+    elif candidate.started:
+        guards.append(Guard("sandbox", "pass",
+                            "no network, program, signal or outside write attempted"))
+    if watch.replaced:
+        guards.append(Guard("evaluator-intact", "fail",
+                            "the candidate replaced what the measurement relies on: "
+                            + ", ".join(sorted(watch.replaced))))
+    elif candidate.started:
+        guards.append(Guard("evaluator-intact", "pass", "the clock and timing functions were left alone"))
+    if watch.extra_threads > 0:
+        guards.append(Guard("threads", "fail",
+                            f"{watch.extra_threads} thread(s) the candidate started were still "
+                            "running after forward returned: work finishing off the clock"))
+    if watch.config_changed:
+        changes = list(watch.config_changed.values())
+        more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
+        guards.append(Guard("config", "fail", "the candidate changed the configuration the "
+                            "measurement depends on: " + "; ".join(changes[:3]) + more))
+    elif candidate.started:
+        guards.append(Guard("config", "pass", "environment, torch backend flags, threads, "
+                            "denormals, graph and all-reduce settings, workloads and "
+                            "tolerances: unchanged from before the import"))
+    cache = candidate.started.get("cache")
+    if isinstance(cache, str):
+        guards.append(Guard("cache-state", "warn" if "could not" in cache else "pass", cache))
+    if run.static is not None:
+        guards.append(_required_dsl(run.result.dsl, run.static, watch.launches, watch.torch_ops,
+                                    run.op.dsl_torch_ops))
+    return guards
+
+
+def _required_dsl(dsl: str, static: tuple[str, str], launches: list[int],
+                  torch_ops: Iterable[dict[str, int]] = (),
+                  declared: frozenset[str] = frozenset()) -> Guard:
+    """Did the DSL's kernels do the op's work? The torch fallback (reward-hacks.md): a DSL
+    kernel defined but never launched, or launched for show while torch computes.
+
+    `torch_ops` holds, per recorded call, the aten ops it ran outside DSL launches (none
+    where the child recorded none); `declared` is the op's `dsl_torch_ops`, torch steps
+    its DSL kernels may keep: those warn, any other torch compute fails.
+    """
+    status, detail = static
+    if status == "fail":
+        return Guard("required-dsl", "fail", detail)
+    if not launches:
+        return Guard("required-dsl", "pass" if status == "pass" else "warn",
+                     f"{detail}; no call ran, so no launch was counted")
+    if min(launches) == 0:
+        return Guard("required-dsl", "fail",
+                     f"a call launched no {dsl} kernel ({launches.count(0)} of {len(launches)} "
+                     "calls ran on something else)")
+    launched = (f"{detail}; every one of {len(launches)} counted calls launched {dsl} kernels "
+                f"(at least {min(launches)})")
+    computed = [dsls.torch_compute(ops) for ops in torch_ops]
+    undeclared = [ops for ops in (Counter({name: count for name, count in call.items()
+                                           if name not in declared}) for call in computed) if ops]
+    if undeclared:
+        allowed = (f"; the op lets its DSL kernels keep only {', '.join(sorted(declared))} in torch"
+                   if declared else "")
+        return Guard("required-dsl", "fail",
+                     f"torch fallback: the call ran torch compute on the hot path "
+                     f"({dsls.describe_ops(undeclared[0])}) beside its {dsl} kernels, in "
+                     f"{len(undeclared)} of {len(computed)} recorded calls{allowed}")
+    kept = [call for call in computed if call]
+    if kept:
+        return Guard("required-dsl", "warn",
+                     f"{launched}; beside them torch computed {dsls.describe_ops(kept[0])} in "
+                     f"{len(kept)} of {len(computed)} recorded calls, a step the op lets its DSL "
+                     "kernels keep in torch for now")
+    if computed:
+        return Guard("required-dsl", "pass", f"{launched}, and none ran torch compute beside them")
+    return Guard("required-dsl", "pass", launched)

@@ -1,0 +1,85 @@
+"""What an evaluation reports: the JSON of CONTRACTS §4, extended."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["pass", "warn", "fail"]
+Verdict = Literal["win", "no-gain", "rejected"]
+
+
+@dataclass
+class Guard:
+    name: str
+    status: Status
+    detail: str
+
+
+@dataclass
+class WorkloadResult:
+    name: str
+    baseline_ms: float | None = None
+    candidate_ms: float | None = None
+    speedup: float | None = None
+    significant: bool = False
+    speedup_ci: list[float] | None = None
+    p_value: float | None = None
+    samples: int | None = None
+    baseline_ci_ms: list[float] | None = None
+    candidate_ci_ms: list[float] | None = None
+    # The A/A effect between the two baseline processes of this run, and the smallest
+    # speedup (as |speedup - 1|) that counts as real here because of it.
+    aa_speedup: float | None = None
+    noise_floor: float | None = None
+    # The physical floor of one call on this hardware, and the fraction of it reached.
+    floor_ms: float | None = None
+    roofline_fraction: float | None = None
+
+
+@dataclass
+class EvaluationResult:
+    op: str
+    device: str
+    verdict: Verdict
+    correct: bool
+    guards: list[Guard] = field(default_factory=list)
+    workloads: list[WorkloadResult] = field(default_factory=list)
+    # The end-to-end check (runners.harness.endtoend): baseline_ms, candidate_ms and
+    # delta_pct (CONTRACTS §4), plus delta_ci_pct, p_value, headline, points and graphs;
+    # None when the candidate was rejected before it ran or the op is not in the step.
+    # With a declared end-to-end command (runners.harness.e2e_command), its report is
+    # under "command": alone when the op is not in the step.
+    # dispatch is the range where the candidate wins.
+    e2e: dict[str, Any] | None = None
+    dispatch: dict[str, Any] | None = None
+    candidate: str = ""
+    dsl: str = "torch"
+    params: dict[str, Any] | None = None
+    threads: int | None = None
+    # False where times say nothing about the hardware (Triton's CPU interpreter):
+    # they are reported, but never make a win.
+    timing_meaningful: bool = True
+    # The secret seed, revealed only once the run is over, so a run can be repeated.
+    seed: int | None = None
+    error: str | None = None
+    duration_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinity are not JSON: an impossible number is reported as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value

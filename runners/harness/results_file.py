@@ -1,0 +1,203 @@
+"""The results file of a sweep run by the harness itself (`python -m runners.harness sweep`).
+
+JSON Lines, one object a line, written and flushed one line at a time so a run that
+stops leaves a valid prefix:
+
+- line 1, the header: what was swept and how (op, kernel and its source, strategy,
+  seed, device, hardware, workloads, the kernel timed against, the harness's version);
+- then one line per evaluated candidate: `{"number", "params", "source", "result"}`,
+  numbered 1, 2, 3, …, `result` being the `evaluate --json` object (CONTRACTS §4).
+
+`read` checks a whole file without Django, so a GPU host can check a file before it
+uploads it and the app refuses a bad one before writing anything (research.importing).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from runners.harness.dsl import DSLS
+from runners.space import STRATEGIES
+
+FORMAT = "kernel-lab-results"
+VERSION = 1
+DEVICES = ("cpu", "cuda")
+VERDICTS = ("win", "no-gain", "rejected")
+GUARD_STATUSES = ("pass", "warn", "fail")
+KERNEL_NAME = re.compile(r"[A-Za-z0-9_]{1,100}")
+
+
+class ResultsFileError(ValueError):
+    """The file is not a results file this harness can read; the message names the line."""
+
+
+@dataclass(frozen=True)
+class CandidateLine:
+    number: int
+    params: dict[str, Any]
+    source: str
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResultsFile:
+    header: dict[str, Any]
+    candidates: list[CandidateLine]
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(v) and v > 0 for v in value)
+
+
+_HEADER_FIELDS: dict[str, tuple[str, Any]] = {
+    "op": ("a string", lambda v: isinstance(v, str) and bool(v)),
+    "kernel": ("a kernel name (letters, digits, _)", lambda v: isinstance(v, str) and KERNEL_NAME.fullmatch(v)),
+    "kernel_source": ("a string", lambda v: isinstance(v, str) and bool(v)),
+    "strategy": (f"one of {', '.join(STRATEGIES)}", lambda v: v in STRATEGIES),
+    "seed": ("a whole number", lambda v: _is_int(v) and -(2**63) <= v < 2**63),
+    "budget": ("a positive whole number", lambda v: _is_int(v) and v > 0),
+    "device": (f"one of {', '.join(DEVICES)}", lambda v: v in DEVICES),
+    "hardware": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "dsl": (f"one of {', '.join(DSLS)}", lambda v: v in DSLS),
+    "context_lengths": ("a list of positive whole numbers", _int_list),
+    "batch_sizes": ("a list of positive whole numbers", _int_list),
+    "baseline_kernel": ("a kernel name (letters, digits, _)", lambda v: isinstance(v, str) and KERNEL_NAME.fullmatch(v)),
+    "baseline_source": ("a string", lambda v: isinstance(v, str) and bool(v)),
+    "harness": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+def _check_header(header: Any) -> None:
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ResultsFileError(f"line 1: not a results file header (\"format\": \"{FORMAT}\" expected)")
+    if header.get("version") != VERSION:
+        raise ResultsFileError(
+            f"line 1: results file version {header.get('version')!r}; this app reads version {VERSION}")
+    for name, (expected, valid) in _HEADER_FIELDS.items():
+        if name not in header:
+            raise ResultsFileError(f"line 1: the header has no {name!r}")
+        if not valid(header[name]):
+            raise ResultsFileError(f"line 1: {name!r} must be {expected}")
+
+
+def _check_result(result: Any, header: dict[str, Any]) -> str | None:
+    """What is wrong with one `evaluate --json` object, or None."""
+    if not isinstance(result, dict):
+        return "'result' must be an object"
+    for name in ("op", "device"):
+        if result.get(name) != header[name]:
+            return f"the result's {name} {result.get(name)!r} is not the header's {header[name]!r}"
+    if result.get("verdict") not in VERDICTS:
+        return f"'verdict' must be one of {', '.join(VERDICTS)}"
+    if not isinstance(result.get("correct"), bool):
+        return "'correct' must be true or false"
+    guards = result.get("guards")
+    if not isinstance(guards, list) or not all(
+            isinstance(g, dict) and isinstance(g.get("name"), str) and g.get("status") in GUARD_STATUSES
+            and isinstance(g.get("detail", ""), str) for g in guards):
+        return "'guards' must be a list of {\"name\", \"status\": pass|warn|fail, \"detail\"}"
+    workloads = result.get("workloads")
+    if not isinstance(workloads, list):
+        return "'workloads' must be a list"
+    for w in workloads:
+        if not isinstance(w, dict) or not isinstance(w.get("name"), str):
+            return "each workload must be an object with a 'name'"
+        if [v.get("name") for v in workloads].count(w["name"]) > 1:
+            return f"workload {w['name']!r} appears twice"
+        for key in ("baseline_ms", "candidate_ms", "speedup", "p_value"):
+            if w.get(key) is not None and not _is_number(w[key]):
+                return f"workload {w['name']!r}: {key!r} must be a number or null"
+        ci = w.get("speedup_ci")
+        if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(
+                v is None or _is_number(v) for v in ci)):
+            return f"workload {w['name']!r}: 'speedup_ci' must be [low, high] or null"
+        if not isinstance(w.get("significant", False), bool):
+            return f"workload {w['name']!r}: 'significant' must be true or false"
+    for key in ("e2e", "dispatch"):
+        if result.get(key) is not None and not isinstance(result[key], dict):
+            return f"{key!r} must be an object or null"
+    # CONTRACTS §4: the verdict follows from the rest, so a hand-edited one shows.
+    failed = not result["correct"] or any(g["status"] == "fail" for g in guards)
+    if failed != (result["verdict"] == "rejected"):
+        return ("'verdict' is 'rejected' exactly when 'correct' is false or a guard failed; "
+                f"here it is {result['verdict']!r}")
+    if result["verdict"] == "win" and not (
+            result.get("dispatch") and any(w.get("significant") for w in workloads)):
+        return "a 'win' needs a dispatch range and a significantly faster workload"
+    return None
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _parse_line(text: str, number: int) -> Any:
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as error:
+        hint = (" (a run that stopped mid-line leaves a partial last line: remove it to import "
+                "the rest)") if number > 1 else ""
+        raise ResultsFileError(f"line {number}: not valid JSON: {error}{hint}") from None
+    # JSON may spell a NUL (\u0000); no source, name or database column holds one.
+    if _has_nul(value):
+        raise ResultsFileError(f"line {number}: a string contains a NUL character")
+    return value
+
+
+def read(data: bytes) -> ResultsFile:
+    """Parse and check a whole results file; ResultsFileError names the first bad line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ResultsFileError(f"the file is not UTF-8 text (byte {error.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise ResultsFileError("the file is empty")
+    header = _parse_line(lines[0], 1)
+    _check_header(header)
+    candidates = []
+    for number, line in enumerate(lines[1:], start=2):
+        entry = _parse_line(line, number)
+        if not isinstance(entry, dict):
+            raise ResultsFileError(f"line {number}: a candidate line must be a JSON object")
+        for key, expected, valid in (
+                ("number", f"{len(candidates) + 1} (candidates are numbered in order)",
+                 lambda v: _is_int(v) and v == len(candidates) + 1),
+                ("params", "an object", lambda v: isinstance(v, dict)),
+                ("source", "the candidate's source", lambda v: isinstance(v, str) and bool(v))):
+            if not valid(entry.get(key)):
+                raise ResultsFileError(f"line {number}: {key!r} must be {expected}")
+        problem = _check_result(entry.get("result"), header)
+        if problem:
+            raise ResultsFileError(f"line {number}: candidate {entry['number']}: {problem}")
+        candidates.append(CandidateLine(entry["number"], entry["params"], entry["source"], entry["result"]))
+    if not candidates:
+        raise ResultsFileError("the file has a header but no candidate lines")
+    if len(candidates) > header["budget"]:
+        raise ResultsFileError(
+            f"line {len(candidates) + 1}: more candidates ({len(candidates)}) than the header's budget "
+            f"({header['budget']})")
+    return ResultsFile(header=header, candidates=candidates)

@@ -1,0 +1,354 @@
+"""How a child times one call, on CPU or CUDA. Runs in the child, never in the judge.
+
+The clock is taken when this module is imported, before the worker imports the
+candidate: a candidate that later replaces time.perf_counter_ns does not change it, and
+`Integrity` notices the replacement. Every call goes through the same `run` whether it
+is a correctness check, a warm-up or a timed call; the child cannot tell them apart.
+
+Before each call the last output is poisoned in place and dropped, and memory of its
+size is poisoned too (all bits set: NaN as a float, -1 as an index), so a candidate that returns `torch.empty`
+memory hoping it still holds an earlier answer returns NaN instead.
+
+CUDA: every input set is captured once into a CUDA graph (production replays graphs; a
+candidate that cannot be captured is rejected) and each call is a replay, with the
+persisting-L2 limit reset to 0, the L2 flushed by writing twice its size, and a
+device-wide synchronize before the end event so work left on side streams is counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ContextManager, Protocol
+
+import torch
+
+_perf_counter_ns = time.perf_counter_ns
+
+# cudaLimitPersistingL2CacheSize in the CUDA runtime's cudaLimit enum.
+_CUDA_LIMIT_PERSISTING_L2 = 0x06
+
+LaunchCounter = Callable[[], ContextManager[Any]]
+
+
+class CaptureError(Exception):
+    """forward ran eagerly but could not be captured into a CUDA graph."""
+
+
+class Runner(Protocol):
+    forward: Callable[..., Any]
+    last_output: Any
+    last_slot: str | None
+    # The aten ops the last load or run ran beside its DSL launches (None: not recorded).
+    last_torch_ops: dict[str, int] | None
+
+    def load(self, slot: str, args: tuple[Any, ...]) -> int | None: ...
+
+    def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None: ...
+
+    def run(self, slot: str) -> tuple[float, int | None]: ...
+
+    def drop(self, slot: str) -> None: ...
+
+    def describe(self) -> str | None: ...
+
+
+@contextlib.contextmanager
+def no_counter() -> Iterator[Any]:
+    yield None
+
+
+def _not_loaded(*args: Any) -> Any:
+    raise RuntimeError("no candidate is loaded")
+
+
+def _count(counted: Any) -> int | None:
+    count = getattr(counted, "count", None)
+    return count if isinstance(count, int) else None
+
+
+def _torch_ops(counted: Any) -> dict[str, int] | None:
+    """The aten ops a call ran beside its DSL launches, by name (runners.harness.dsl)."""
+    ops = getattr(counted, "torch_ops", None)
+    return dict(ops) if isinstance(ops, dict) else None
+
+
+def _nbytes(value: Any) -> int:
+    return value.untyped_storage().nbytes() if type(value) is torch.Tensor else 0
+
+
+def _poison_storage(value: Any) -> None:
+    """All bits set over the output's whole storage, so whatever the next call does not
+    write reads as NaN (floats) or -1 (indices)."""
+    if type(value) is torch.Tensor and value.untyped_storage().nbytes():
+        raw = torch.empty(0, dtype=torch.uint8, device=value.device)
+        raw.set_(value.untyped_storage())
+        raw.fill_(255)
+
+
+class CpuRunner:
+    def __init__(self, counter: LaunchCounter) -> None:
+        self.forward: Callable[..., Any] = _not_loaded
+        self.counter = counter
+        self.slots: dict[str, tuple[Any, ...]] = {}
+        # End-to-end decode steps (zero-argument callables), timed like a forward call.
+        self.steps: dict[str, Callable[[], Any]] = {}
+        self.last_output: Any = None
+        self.last_slot: str | None = None
+        self.last_torch_ops: dict[str, int] | None = None
+        self._last_nbytes = 0
+
+    def load(self, slot: str, args: tuple[Any, ...]) -> int | None:
+        self.slots[slot] = args
+        self.last_torch_ops = None
+        return None
+
+    def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None:
+        """A prepared decode step: `run(slot)` then calls it eagerly, on the same clock."""
+        self.slots[slot] = ()
+        self.steps[slot] = step
+
+    def run(self, slot: str) -> tuple[float, int | None]:
+        args = self.slots[slot]
+        call = self.steps.get(slot, self.forward)
+        size = max(self._last_nbytes, 0, *(_nbytes(arg) for arg in args))
+        # Poisoned where it lies, then freed: whichever block the allocator hands out
+        # next, the last answer is gone from it (a fresh block of the same size may not
+        # be the one the output was freed from).
+        _poison_storage(self.last_output)
+        self.last_output, self.last_slot = None, None
+        torch.empty(size, dtype=torch.uint8).fill_(255)
+        with self.counter() as counted:
+            # A collection inside the call would be charged to whoever was running.
+            gc.disable()
+            try:
+                start = _perf_counter_ns()
+                output = call(*args)
+                elapsed = _perf_counter_ns() - start
+            finally:
+                gc.enable()
+        self.last_output, self.last_slot = output, slot
+        self._last_nbytes = _nbytes(output)
+        # A step's launches are not a forward call's: the DSL check counts calls only.
+        step = slot in self.steps
+        self.last_torch_ops = None if step else _torch_ops(counted)
+        return elapsed / 1e6, None if step else _count(counted)
+
+    def drop(self, slot: str) -> None:
+        self.slots.pop(slot, None)
+        self.steps.pop(slot, None)
+        if self.last_slot == slot:
+            self.last_output, self.last_slot = None, None
+
+    def describe(self) -> str | None:
+        return None
+
+
+class _PersistingL2:
+    """Sets the persisting-L2 limit back to 0 before each call: lines a candidate marked
+    persisting would survive the flush (llm.c PR #851 reported 4x the card's bandwidth)."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self._set_limit: Any = None
+        self._reset_lines: Any = None
+        library = _cudart()
+        if library is None:
+            self.problem = "the CUDA runtime library (libcudart) could not be loaded"
+            return
+        self._set_limit = library.cudaDeviceSetLimit
+        self._set_limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        self._set_limit.restype = ctypes.c_int
+        self._reset_lines = getattr(library, "cudaCtxResetPersistingL2Cache", None)
+
+    def reset(self) -> None:
+        if self._set_limit is None:
+            return
+        status = self._set_limit(_CUDA_LIMIT_PERSISTING_L2, 0)
+        if status != 0 and self.problem is None:
+            self.problem = f"cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0) returned {status}"
+        if self._reset_lines is not None:
+            self._reset_lines()
+
+
+def persisting_l2_limit() -> int | None:
+    """The persisting-L2 limit in bytes now (the configuration watch compares it); None
+    where the CUDA runtime cannot be asked."""
+    library = _cudart()
+    if library is None:
+        return None
+    value = ctypes.c_size_t(0)
+    library.cudaDeviceGetLimit.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+    library.cudaDeviceGetLimit.restype = ctypes.c_int
+    status = library.cudaDeviceGetLimit(ctypes.byref(value), _CUDA_LIMIT_PERSISTING_L2)
+    return value.value if status == 0 else None
+
+
+def _cudart() -> ctypes.CDLL | None:
+    # By soname first: the one torch loaded is returned. Else the path torch loaded it from.
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "libcudart.so" in path:
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                return None
+    return None
+
+
+def first_cause(error: BaseException) -> str:
+    """Ending a broken capture raises "operation failed due to a previous error during
+    capture"; the error that says what the candidate did is the one it interrupted."""
+    while error.__context__ is not None:
+        error = error.__context__
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+@dataclass
+class _Captured:
+    # graph.replay for a captured forward call; a decode step's own replay for the
+    # end-to-end check (runners.e2e.step captures the whole step in one graph).
+    replay: Callable[[], Any]
+    output: Any
+    launches: int | None
+    step: bool = False
+    # Recorded around the eager call and the capture: the graph replays torch's kernels.
+    torch_ops: dict[str, int] | None = None
+
+
+class CudaRunner:
+    def __init__(self, counter: LaunchCounter) -> None:
+        self.forward: Callable[..., Any] = _not_loaded
+        self.counter = counter
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.l2_bytes = getattr(properties, "L2_cache_size", 0) or 64 * 2**20
+        # Writing twice the L2 size evicts every line the previous call left behind.
+        self.flush = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device="cuda")
+        self.persisting_l2 = _PersistingL2()
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        # One memory pool per group of slots (a workload's pool of input sets): safe
+        # because replays never overlap and every captured output is kept alive.
+        self.pools: dict[str, Any] = {}
+        self.slots: dict[str, _Captured] = {}
+        self.last_output: Any = None
+        self.last_slot: str | None = None
+        self.last_torch_ops: dict[str, int] | None = None
+
+    def load(self, slot: str, args: tuple[Any, ...]) -> int | None:
+        group = slot.split(":", 1)[0]
+        pool = self.pools.setdefault(group, torch.cuda.graph_pool_handle())
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with self.counter() as counted:
+            # One eager call first, on a side stream as torch asks: it compiles DSL
+            # kernels and initialises libraries, which capture cannot do.
+            with torch.cuda.stream(side):
+                self.forward(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    output = self.forward(*args)
+            except Exception as error:
+                raise CaptureError(first_cause(error)) from None
+        torch.cuda.synchronize()
+        self.slots[slot] = _Captured(graph.replay, output, _count(counted),
+                                     torch_ops=_torch_ops(counted))
+        self.last_torch_ops = self.slots[slot].torch_ops
+        return self.slots[slot].launches
+
+    def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None:
+        """A decode step already captured (runners.e2e.step): each run is one replay of it."""
+        torch.cuda.synchronize()
+        self.slots[slot] = _Captured(step, output, None, step=True)
+
+    def run(self, slot: str) -> tuple[float, int | None]:
+        captured = self.slots[slot]
+        self.last_output, self.last_slot = None, None
+        self.persisting_l2.reset()
+        _poison_storage(captured.output)
+        self.flush.fill_(1)
+        torch.cuda.synchronize()
+        self.start.record()
+        captured.replay()
+        # Device-wide: a side stream still working would otherwise finish off the clock.
+        torch.cuda.synchronize()
+        self.end.record()
+        self.end.synchronize()
+        self.last_output, self.last_slot = captured.output, slot
+        self.last_torch_ops = captured.torch_ops
+        return self.start.elapsed_time(self.end), captured.launches
+
+    def drop(self, slot: str) -> None:
+        captured = self.slots.pop(slot, None)
+        if self.last_slot == slot:
+            self.last_output, self.last_slot = None, None
+        if captured is not None and captured.step:
+            del captured
+            torch.cuda.empty_cache()  # a step's weights and graph pool are large
+            return
+        group = slot.split(":", 1)[0]
+        if group in self.pools and not any(name.split(":", 1)[0] == group for name in self.slots):
+            del self.pools[group]
+            # The next workload's inputs may need what this one's graphs held; a
+            # fraction of the device is all a child gets.
+            torch.cuda.empty_cache()
+
+    def describe(self) -> str | None:
+        if self.persisting_l2.problem:
+            return f"the persisting-L2 limit could not be reset: {self.persisting_l2.problem}"
+        return (f"L2 flushed by writing {2 * self.l2_bytes / 2**20:.0f} MiB before each call; "
+                "persisting-L2 limit reset to 0; calls replayed from CUDA graphs")
+
+
+def make_runner(device: str, counter: LaunchCounter) -> Runner:
+    """Made before the candidate is imported; its `forward` is set once it is."""
+    return CudaRunner(counter) if device == "cuda" else CpuRunner(counter)
+
+
+class Integrity:
+    """Remembers the objects the measurement relies on and names any later replaced.
+
+    Catches the o3-style hack of patching the timer or the synchronisation (METR's o3
+    report): whatever the candidate swaps after import is named in the next answer.
+    """
+
+    def __init__(self) -> None:
+        self._watched: list[tuple[str, object, str, object]] = []
+
+    def watch(self, owner: object, names: list[str], label: str) -> None:
+        for name in names:
+            if hasattr(owner, name):
+                self._watched.append((f"{label}.{name}", owner, name, getattr(owner, name)))
+
+    def watch_module(self, module: ModuleType) -> None:
+        names = [name for name, value in vars(module).items()
+                 if callable(value) and not name.startswith("__")]
+        self.watch(module, names, module.__name__)
+
+    def replaced(self) -> list[str]:
+        return [label for label, owner, name, original in self._watched
+                if getattr(owner, name, None) is not original]
+
+
+def watch_measurement(integrity: Integrity, device: str) -> None:
+    integrity.watch(time, ["perf_counter_ns", "perf_counter", "monotonic"], "time")
+    integrity.watch_module(sys.modules[__name__])
+    if device == "cuda":
+        integrity.watch(torch.cuda, ["synchronize", "graph"], "torch.cuda")
+        integrity.watch(torch.cuda.Event, ["record", "elapsed_time", "synchronize"], "torch.cuda.Event")
+        integrity.watch(torch.cuda.CUDAGraph, ["replay"], "torch.cuda.CUDAGraph")

@@ -1,0 +1,209 @@
+"""What every op declares, and the pieces ops share.
+
+An op owns everything that decides whether a candidate is right and on what it is
+measured: workloads, inputs, the reference, the tolerance. None of it comes from the
+candidate, so a candidate cannot shrink the problem or loosen the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DISTRIBUTIONS = ("normal", "uniform_outliers")
+
+# More would make one evaluation too long to wait for in the review loop.
+MAX_WORKLOADS = 32
+
+# Rare large values catch kernels that overflow, lose precision in a reduction or
+# only look right on well-behaved data.
+_OUTLIER_RATE = 0.001
+_OUTLIER_SCALE = 64.0
+
+
+class WorkloadError(ValueError):
+    """The requested context lengths or batch sizes are outside what the op declares."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    device: str
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "device": self.device, "params": dict(self.params)}
+
+
+def device_type(device: str) -> str:
+    kind = str(device).split(":", 1)[0]
+    if kind not in ("cpu", "cuda"):
+        raise WorkloadError(f"unknown device {device!r} (known: cpu, cuda)")
+    return kind
+
+
+def make_generator(seed: int, device: str) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample(
+    shape: tuple[int, ...],
+    *,
+    generator: torch.Generator,
+    distribution: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    device = generator.device
+    if distribution == "normal":
+        values = torch.randn(shape, generator=generator, device=device)
+    elif distribution == "uniform_outliers":
+        values = torch.rand(shape, generator=generator, device=device) * 2 - 1
+        outliers = torch.rand(shape, generator=generator, device=device) < _OUTLIER_RATE
+        values = torch.where(outliers, values * _OUTLIER_SCALE, values)
+    else:
+        known = ", ".join(DISTRIBUTIONS)
+        raise ValueError(f"unknown distribution {distribution!r} (known: {known})")
+    return values.to(dtype)
+
+
+def compare_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float
+) -> tuple[bool, str]:
+    """Compare every element, so a kernel that computes only part of the output fails."""
+    finite = torch.isfinite(actual)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        return False, f"{bad:,} of {actual.numel():,} output values are NaN or inf"
+    error = (actual.double() - expected.double()).abs()
+    allowed = atol + rtol * expected.double().abs()
+    beyond = error > allowed
+    if bool(beyond.any()):
+        worst = torch.unravel_index(torch.argmax(error - allowed), error.shape)
+        where = ", ".join(str(int(i)) for i in worst)
+        return False, (
+            f"{int(beyond.sum()):,} of {actual.numel():,} values differ from the reference "
+            f"beyond rtol={rtol:g}, atol={atol:g}; worst at [{where}]: "
+            f"got {float(actual[worst]):.6g}, expected {float(expected[worst]):.6g}"
+        )
+    return True, f"max abs error {float(error.max()):.3g} (rtol={rtol:g}, atol={atol:g})"
+
+
+def _validated(
+    what: str, values: Iterable[int], *, op: str, device: str, low: int, high: int
+) -> list[int]:
+    checked = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WorkloadError(f"{what} {value!r} is not a whole number")
+        if value <= 0:
+            raise WorkloadError(f"{what} {value} must be positive")
+        if value < low:
+            raise WorkloadError(f"{what} {value} is below {op}'s minimum of {low:,} on {device}")
+        if value > high:
+            raise WorkloadError(f"{what} {value:,} is above {op}'s maximum of {high:,} on {device}")
+        checked.append(value)
+    if not checked:
+        raise WorkloadError(f"no {what}s given: pass at least one")
+    return sorted(set(checked))
+
+
+class Op:
+    """One kernel task. Subclasses live in `runners/ops/<name>/__init__.py` as `OP`."""
+
+    name: str = ""
+    title: str = ""
+    description: str = ""
+    signature: str = ""
+    # Input dtype -> (rtol, atol). Owned by the op so no candidate can relax it.
+    tolerances: dict[torch.dtype, tuple[float, float]] = {}
+    # Aten ops ("aten.topk") that a DSL candidate of this op may still run in torch
+    # beside its kernels: a step of the op the DSL kernels do not do yet. The
+    # required-DSL guard warns when they run; any other torch compute fails it.
+    dsl_torch_ops: frozenset[str] = frozenset()
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    @property
+    def baseline_path(self) -> Path:
+        return self.folder / "baseline.py"
+
+    def kernels(self) -> dict[str, Path]:
+        files = sorted((self.folder / "kernels").glob("*.py"))
+        return {path.stem: path for path in files if not path.name.startswith("_")}
+
+    def default_context_lengths(self, device: str) -> list[int]:
+        raise NotImplementedError
+
+    def default_batch_sizes(self, device: str) -> list[int]:
+        raise NotImplementedError
+
+    def context_length_range(self, device: str) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def max_batch_size(self, device: str) -> int:
+        raise NotImplementedError
+
+    def workloads(
+        self,
+        device: str,
+        context_lengths: Iterable[int] | None = None,
+        batch_sizes: Iterable[int] | None = None,
+    ) -> list[Workload]:
+        kind = device_type(device)
+        low, high = self.context_length_range(kind)
+        contexts = _validated(
+            "context length",
+            self.default_context_lengths(kind) if context_lengths is None else context_lengths,
+            op=self.name, device=kind, low=low, high=high,
+        )
+        batches = _validated(
+            "batch size",
+            self.default_batch_sizes(kind) if batch_sizes is None else batch_sizes,
+            op=self.name, device=kind, low=1, high=self.max_batch_size(kind),
+        )
+        found = self.build_workloads(kind, contexts, batches)
+        if len(found) > MAX_WORKLOADS:
+            raise WorkloadError(
+                f"{len(found)} workloads requested for {self.name}; at most {MAX_WORKLOADS} "
+                "per evaluation: pass fewer context lengths or batch sizes"
+            )
+        return found
+
+    def build_workloads(
+        self, device: str, context_lengths: list[int], batch_sizes: list[int]
+    ) -> list[Workload]:
+        raise NotImplementedError
+
+    def make_inputs(self, workload: Workload, seed: int, distribution: str) -> dict[str, Any]:
+        """Inputs keyed in the order of forward's parameters: the harness passes them positionally."""
+        raise NotImplementedError
+
+    def reference(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        try:
+            return self.tolerances[dtype]
+        except KeyError:
+            raise ValueError(f"{self.name} declares no tolerance for {dtype}") from None
+
+    def check(
+        self, output: torch.Tensor, reference_output: torch.Tensor, inputs: Mapping[str, Any]
+    ) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def flops(self, workload: Workload) -> int:
+        raise NotImplementedError
+
+    def bytes(self, workload: Workload) -> int:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<Op {self.name}>"

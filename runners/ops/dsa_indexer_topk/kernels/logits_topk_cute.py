@@ -1,0 +1,622 @@
+"""The lightning indexer in CuTe DSL for Hopper: warpgroup-MMA scores with the first
+radix digit of the top-k fused in, then an exact radix select per query row.
+
+1. Scores (`_score_tiles`, bfloat16 or float16). A CTA owns ROWS query rows and one
+   contiguous span of the context. The rows' queries, [ROWS*H, D], arrive once by TMA
+   and stay in shared memory; the span's keys stream through a STAGES-deep TMA pipeline
+   in tiles of 128 tokens x D. Per tile, two warpgroups issue wgmma with the tokens as the MMA's M
+   (64 per warpgroup), the ROWS*H query heads as its N (128 or 256) and D as its K,
+   16-bit in, float32 accumulated. That way round, all heads of one token sit in one
+   quad of lanes: ReLU, the per-head weights and the sum over heads happen in registers
+   plus two shuffles, and the [M, H, N] logits never exist. Each score goes to an
+   [M, N] float32 buffer and into the CTA's histogram of its top 11 key bits, the first
+   digit of the select; each CTA writes its histogram out. The CTAs tile the grid as
+   (row groups) x (context spans), one per SM.
+2. Select (`_select_rows`). One CTA per query row. The summed histograms give the bin
+   that holds the top-k-th score; two passes over the row refine the next 11 and 10
+   bits, which pins the exact top-k-th key; a count pass and a write pass then emit
+   every index above it and the lowest-indexed ties, in index order. The order is fixed
+   (no atomics decide it), so the same inputs give the same output bit for bit.
+
+float32 inputs take a plain SIMT scores kernel (`_score_rows_simt`): wgmma would round
+them to TF32, too coarse for float32's tolerance. It writes the same scores and
+histograms, so the select is shared. No torch op computes anything: forward only
+allocates.
+
+- ROWS: query rows per CTA; ROWS x H is the MMA's N (at most 256), and each key tile
+  in shared memory serves all of them.
+- STAGES: key tiles in flight (32 KB each at D=128). With ROWS=4 the queries take
+  64 KB and the histograms 32 KB: 3 stages make 194 KB of the 227 KB a CTA may have.
+- SELECT_THREADS: threads of each row's select CTA; each pass over the row is a
+  strided read, so more threads keep more loads in flight.
+
+The kernels are compiled once per (dtype, shape, parameters) for the GPU in hand; on a
+machine without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch
+then fails for want of a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass.tensor_utils import LayoutEnum
+
+PARAMS = {
+    "ROWS": 4,
+    "STAGES": 3,
+    "SELECT_THREADS": 1024,
+}
+
+SPACE = {
+    "ROWS": [2, 4],
+    "STAGES": [2, 3],
+    "SELECT_THREADS": [512, 1024],
+}
+
+# Context tokens per key tile: the M of two warpgroups' 64-row wgmma.
+_TOKENS = 128
+_MMA_THREADS = 256
+_SIMT_THREADS = 128
+_WARP = 32
+# A score's radix key is split into digits of 11, 11 and 10 bits, most significant
+# first; a histogram of the first is what the scores kernels count.
+_BINS = 2048
+_LOW_BINS = 1024
+# Hopper: H200 and H100 SXM.
+_DEFAULT_SMS = 132
+
+_MMA_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+_DTYPES = {torch.float32: cutlass.Float32, **_MMA_DTYPES}
+
+
+# --- shared device helpers ------------------------------------------------------------
+
+
+@cute.jit
+def _radix_key(score: cutlass.Float32) -> cutlass.Uint32:
+    """An unsigned key that orders like the float: negatives have all bits flipped,
+    non-negatives only the sign bit."""
+    bits = score.bitcast(cutlass.Uint32)
+    flip = (cutlass.Uint32(0) - (bits >> cutlass.Uint32(31))) | cutlass.Uint32(0x80000000)
+    return bits ^ flip
+
+
+@cute.jit
+def _record(
+    scores: cute.Tensor, hist: cute.Tensor, row: cutlass.Int32, token: cutlass.Int32,
+    hist_row: cutlass.Int32, score: cutlass.Float32,
+):
+    """Store one score and count its first digit in the CTA's shared histogram."""
+    scores[row, token] = score
+    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
+    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
+
+
+@cute.jit
+def _write_hist(
+    hist_smem: cute.Tensor, hist: cute.Tensor, split: cutlass.Int32, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, threads: cutlass.Constexpr,
+):
+    """The CTA's histograms, one per query row it owns, to hist[split, row, :]."""
+    tidx, _, _ = cute.arch.thread_idx()
+    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        row = row0 + i // _BINS
+        if row < hist.shape[1]:
+            hist[split, row, i % _BINS] = hist_smem[i]
+
+
+# --- scores: 16-bit on the tensor cores ----------------------------------------------
+
+
+@cute.kernel
+def _score_tiles(
+    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
+    weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tiled_mma: cute.TiledMma,
+    k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout, dtype: cutlass.Constexpr,
+    rows: cutlass.Constexpr, stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    group, split, _ = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    lane = cute.arch.lane_idx()
+    heads = weights.shape[1]
+    dim = k_tiles.shape[1]
+    cols = rows * heads
+    row0 = group * rows
+    first_tile = split * tiles_per_cta
+    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], _TOKENS) - first_tile)
+
+    if warp == 0:
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_q)
+
+    smem = cutlass.memory.SmemAllocator()
+    k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
+    q_barrier = smem.allocate_array(cutlass.Int64, 1)
+    sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
+    sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
+    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+
+    # Key tiles: one TMA producer thread, every consumer warp releases a stage.
+    k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
+    keys = pipeline.PipelineTmaAsync.create(
+        barrier_storage=k_barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, _MMA_THREADS // _WARP),
+        tx_count=k_bytes,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+    )
+    if warp == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(q_barrier, 1)
+    cute.arch.mbarrier_init_fence()
+    # Weights of rows past M are zero, so those rows score 0 and are never stored.
+    for i in cutlass.range(tidx, cols, _MMA_THREADS, unroll=1):
+        weight = cutlass.Float32(0.0)
+        if row0 + i // heads < weights.shape[0]:
+            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
+        sW[i] = weight
+    for i in cutlass.range(tidx, rows * _BINS, _MMA_THREADS, unroll=1):
+        sHist[i] = 0
+    cute.arch.sync_threads()
+
+    # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
+    # are filled with zeros by the TMA unit.
+    gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
+    gK = cute.local_tile(k_tiles, (_TOKENS, dim), (None, 0))
+    tQsQ, tQgQ = cpasync.tma_partition(
+        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+    )
+    tKsK, tKgK = cpasync.tma_partition(
+        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+    )
+
+    producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    if warp == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
+            )
+        cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
+        for _ in cutlass.range(cutlass.min(stages, tile_count), unroll=1):
+            keys.producer_acquire(producer)
+            cute.copy(
+                tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
+                tma_bar_ptr=keys.producer_get_barrier(producer),
+            )
+            keys.producer_commit(producer)
+            producer.advance()
+
+    thr_mma = tiled_mma.get_slice(tidx)
+    tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
+    tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
+    # (token, query head) of every accumulator element this thread holds.
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
+    acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+    # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
+    # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
+    # blocks b of its 64 columns, shared out over the lanes of one quad.
+    assert cute.size(acc) == 4 * (cols // 8)
+    quad = lane % 4
+
+    consumer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+    cute.arch.mbarrier_wait(q_barrier, 0)
+    for t in cutlass.range(tile_count, unroll=1):
+        keys.consumer_wait(consumer)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(dim // 16):
+            # The tile's first k-block overwrites the accumulator: no zero-fill needed.
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            keys_kb = tCrK[(None, None, kb, consumer.index)]
+            cute.gemm(tiled_mma, acc, keys_kb, tCrQ[(None, None, kb, 0)], acc)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        keys.consumer_release(consumer)
+        consumer.advance()
+
+        # Refill the stage just freed before the epilogue, so the load overlaps it.
+        if warp == 0 and producer.count < tile_count:
+            keys.producer_acquire(producer)
+            cute.copy(
+                tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
+                tma_bar_ptr=keys.producer_get_barrier(producer),
+            )
+            keys.producer_commit(producer)
+            producer.advance()
+
+        # sum_h w[m, h] * relu(logit): this thread's heads of each (row half, query
+        # row), then the quad's other three lanes through two shuffles.
+        partials = []
+        for half in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(rows):
+                part = cutlass.Float32(0.0)
+                for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                    for i in cutlass.range_constexpr(2):
+                        logit = acc[(i, half, b), 0, 0]
+                        column = tCcC[(i, half, b), 0, 0][1]
+                        part += sW[column] * cute.arch.fmax(logit, cutlass.Float32(0.0))
+                part += cute.arch.shuffle_sync_bfly(part, 1)
+                part += cute.arch.shuffle_sync_bfly(part, 2)
+                partials.append(part)
+        # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
+        tile_start = (first_tile + t) * _TOKENS
+        for e in cutlass.range_constexpr(2 * rows):
+            half, r = divmod(e, rows)
+            token = tile_start + tCcC[(0, half, 0), 0, 0][0]
+            if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
+                _record(scores, sHist, row0 + r, token, r, partials[e])
+
+    cute.arch.sync_threads()
+    _write_hist(sHist, hist, split, row0, rows, _MMA_THREADS)
+
+
+@cute.jit
+def _launch_scores_mma(
+    q_rows: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
+    hist: cute.Tensor, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr,
+):
+    cols = rows * weights.shape[1]
+    dim = k.shape[1]
+    # Both operands are K-major: keys [N, D] are the A (M = tokens), queries [M*H, D]
+    # the B (N = query heads).
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
+        k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
+        cutlass.Float32, (2, 1, 1), tiler_mn=(64, cols),
+    )
+    tile = (_TOKENS, cols, dim)
+    k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
+    q_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, q_rows.element_type, 1)
+    load = cpasync.CopyBulkTensorTileG2SOp()
+    tma_k, k_tiles = cpasync.make_tiled_tma_atom(
+        load, k, cute.slice_(k_layout, (None, None, 0)), (_TOKENS, dim)
+    )
+    tma_q, q_tiles = cpasync.make_tiled_tma_atom(
+        load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
+    )
+    groups = cute.ceil_div(scores.shape[0], rows)
+    _score_tiles(
+        tma_k, k_tiles, tma_q, q_tiles, weights, scores, hist, tiled_mma, k_layout, q_layout,
+        k.element_type, rows, stages, tiles_per_cta,
+    ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1))
+
+
+# --- scores: float32 on the CUDA cores ------------------------------------------------
+
+
+@cute.kernel
+def _score_rows_simt(
+    q: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
+    hist: cute.Tensor, tokens_per_cta: cutlass.Constexpr,
+):
+    """One query row and one span of the context per CTA, one token per thread: the
+    row's queries sit in shared memory, where all threads read the same value at once."""
+    tidx, _, _ = cute.arch.thread_idx()
+    split, row, _ = cute.arch.block_idx()
+    heads, dim = q.shape[1], q.shape[2]
+    context = k.shape[0]
+
+    smem = cutlass.memory.SmemAllocator()
+    sQ = smem.allocate_tensor(cutlass.Float32, cute.make_layout((heads, dim), stride=(dim, 1)), 16)
+    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(heads), 16)
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
+    for i in cutlass.range(tidx, heads * dim, _SIMT_THREADS, unroll=1):
+        sQ[i // dim, i % dim] = q[row, i // dim, i % dim]
+    for i in cutlass.range(tidx, heads, _SIMT_THREADS, unroll=1):
+        sW[i] = weights[row, i].to(cutlass.Float32)
+    for i in cutlass.range(tidx, _BINS, _SIMT_THREADS, unroll=1):
+        sHist[i] = 0
+    cute.arch.sync_threads()
+
+    start = split * tokens_per_cta
+    end = cutlass.min(start + tokens_per_cta, context)
+    for token in cutlass.range(start + tidx, end, _SIMT_THREADS, unroll=1):
+        key = cute.make_rmem_tensor((dim,), cutlass.Float32)
+        cute.autovec_copy(k[token, None], key)
+        score = cutlass.Float32(0.0)
+        for h in cutlass.range(heads, unroll=1):
+            logit = cutlass.Float32(0.0)
+            for d in cutlass.range_constexpr(dim):
+                logit += sQ[h, d] * key[d]
+            score += sW[h] * cute.arch.fmax(logit, cutlass.Float32(0.0))
+        _record(scores, sHist, row, token, 0, score)
+
+    cute.arch.sync_threads()
+    _write_hist(sHist, hist, split, row, 1, _SIMT_THREADS)
+
+
+@cute.jit
+def _launch_scores_simt(
+    q: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
+    hist: cute.Tensor, tokens_per_cta: cutlass.Constexpr,
+):
+    _score_rows_simt(q, k, weights, scores, hist, tokens_per_cta).launch(
+        grid=(hist.shape[0], scores.shape[0], 1), block=(_SIMT_THREADS, 1, 1)
+    )
+
+
+# --- select ---------------------------------------------------------------------------
+
+
+@cute.jit
+def _threshold_bin(
+    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
+    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """found = (bin, count above it): the bin, from the top, where the running count
+    first reaches `need`. Thread t owns bins/threads bins counted down from the top; a
+    block-wide prefix sum over threads finds the one thread whose bins cross `need`."""
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    per_thread = bins // threads
+    first = bins - 1 - tidx * per_thread
+
+    owned = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(per_thread):
+        owned += hist[first - i]
+    # Inclusive scan within the warp, then the totals of the warps before.
+    running = owned
+    for offset in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(running, 1 << offset)
+        if lane >= (1 << offset):
+            running += other
+    if lane == _WARP - 1:
+        warp_totals[warp] = running
+    cute.arch.sync_threads()
+    above = running - owned
+    for w in cutlass.range(warp, unroll=1):
+        above += warp_totals[w]
+
+    if above < need and need <= above + owned:
+        for i in cutlass.range_constexpr(per_thread):
+            count = hist[first - i]
+            if above < need and need <= above + count:
+                found[0] = first - i
+                found[1] = above
+            above += count
+    cute.arch.sync_threads()
+
+
+@cute.kernel
+def _select_rows(
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    row, _, _ = cute.arch.block_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    context = scores.shape[1]
+    topk = out.shape[1]
+    warps = threads // _WARP
+
+    smem = cutlass.memory.SmemAllocator()
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
+    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * warps), 16)
+    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 16)
+
+    # Digit 1 (key bits 31..21): the scores kernels' histograms, summed over splits.
+    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+        total = cutlass.Int32(0)
+        for s in cutlass.range(hist.shape[0], unroll=1):
+            total += hist[s, row, b]
+        sHist[b] = total
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
+    top = cutlass.Uint32(sFound[0])
+    need = topk - sFound[1]
+
+    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
+    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, context, threads, unroll=1):
+        key = _radix_key(scores[row, n])
+        if key >> cutlass.Uint32(21) == top:
+            digit = cutlass.Int32((key >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
+    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+    need -= sFound[1]
+
+    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
+    for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, context, threads, unroll=1):
+        key = _radix_key(scores[row, n])
+        if key >> cutlass.Uint32(10) == top:
+            digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
+    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+    # Exactly `topk - ties` keys exceed the top-k-th; `ties` of those equal to it fill
+    # the rest.
+    ties = need - sFound[1]
+    above_all = topk - ties
+
+    # Each warp owns one contiguous span of the row, so slots follow token order: count
+    # each warp's hits, then every warp writes its own from the counts before it.
+    span = cute.ceil_div(cute.ceil_div(context, warps), _WARP) * _WARP
+    start = warp * span
+    end = cutlass.min(start + span, context)
+    above_count = cutlass.Int32(0)
+    tie_count = cutlass.Int32(0)
+    for base in cutlass.range(start, end, _WARP, unroll=1):
+        n = base + lane
+        key = cutlass.Uint32(0)
+        if n < end:
+            key = _radix_key(scores[row, n])
+        above_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key > kth)))
+        tie_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key == kth)))
+    if lane == 0:
+        sWarp[warp] = above_count
+        sWarp[warps + warp] = tie_count
+    cute.arch.sync_threads()
+    above_slot = cutlass.Int32(0)
+    tie_rank = cutlass.Int32(0)
+    for w in cutlass.range(warp, unroll=1):
+        above_slot += sWarp[w]
+        tie_rank += sWarp[warps + w]
+
+    earlier = cute.arch.lanemask_lt()
+    for base in cutlass.range(start, end, _WARP, unroll=1):
+        n = base + lane
+        key = cutlass.Uint32(0)
+        if n < end:
+            key = _radix_key(scores[row, n])
+        is_above = (n < end) & (key > kth)
+        is_tie = (n < end) & (key == kth)
+        above_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_above))
+        tie_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_tie))
+        if is_above:
+            slot = above_slot + cutlass.Int32(cute.arch.popc(above_mask & earlier))
+            out[row, slot] = cutlass.Int64(n)
+        if is_tie:
+            rank = tie_rank + cutlass.Int32(cute.arch.popc(tie_mask & earlier))
+            if rank < ties:
+                out[row, above_all + rank] = cutlass.Int64(n)
+        above_slot += cutlass.Int32(cute.arch.popc(above_mask))
+        tie_rank += cutlass.Int32(cute.arch.popc(tie_mask))
+
+
+@cute.jit
+def _launch_select(
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr
+):
+    _select_rows(scores, hist, out, threads).launch(
+        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1)
+    )
+
+
+# --- host -----------------------------------------------------------------------------
+
+# TMA and wide loads need 16-byte aligned tensors; compile and launch agree on that.
+_ALIGN = 16
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    # A view may start mid-allocation; a fresh copy starts where the allocator aligns.
+    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
+
+
+def _fake(dtype, shape: tuple[int, ...]):
+    """A row-major global tensor of this shape, described, not allocated."""
+    return make_fake_compact_tensor(
+        dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
+    )
+
+
+@functools.cache
+def _sms() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _DEFAULT_SMS
+
+
+def _mma_splits(rows_m: int, context: int, rows: int, sms: int) -> tuple[int, int]:
+    """(CTAs along the context, key tiles each): one CTA per SM, none left empty."""
+    tiles = math.ceil(context / _TOKENS)
+    wanted = max(1, sms // math.ceil(rows_m / rows))
+    per_cta = math.ceil(tiles / wanted)
+    return math.ceil(tiles / per_cta), per_cta
+
+
+def _simt_splits(rows_m: int, context: int, sms: int) -> tuple[int, int]:
+    """(CTAs along the context, tokens each): a few CTAs per SM."""
+    wanted = max(1, 4 * sms // rows_m)
+    per_cta = math.ceil(math.ceil(context / wanted) / _SIMT_THREADS) * _SIMT_THREADS
+    return math.ceil(context / per_cta), per_cta
+
+
+@functools.cache
+def compiled_scores_mma(
+    dtype: torch.dtype, rows_m: int, heads: int, dim: int, context: int,
+    rows: int, stages: int, sms: int, weight_dtype: torch.dtype = torch.float32,
+):
+    """The tensor-core scores kernel for one shape and parameters; no GPU needed."""
+    if rows * heads > 256 or heads % 8 or dim % 64:
+        raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 64 == 0; "
+                         f"got ROWS={rows}, H={heads}, D={dim}")
+    element = _MMA_DTYPES[dtype]
+    splits, per_cta = _mma_splits(rows_m, context, rows, sms)
+    return cute.compile(
+        _launch_scores_mma,
+        _fake(element, (rows_m * heads, dim)), _fake(element, (context, dim)),
+        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
+        _fake(cutlass.Int32, (splits, rows_m, _BINS)), rows, stages, per_cta,
+    )
+
+
+@functools.cache
+def compiled_scores_simt(
+    rows_m: int, heads: int, dim: int, context: int, sms: int,
+    weight_dtype: torch.dtype = torch.float32,
+):
+    """The float32 scores kernel for one shape; no GPU needed."""
+    splits, per_cta = _simt_splits(rows_m, context, sms)
+    return cute.compile(
+        _launch_scores_simt,
+        _fake(cutlass.Float32, (rows_m, heads, dim)), _fake(cutlass.Float32, (context, dim)),
+        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
+        _fake(cutlass.Int32, (splits, rows_m, _BINS)), per_cta,
+    )
+
+
+@functools.cache
+def compiled_select(rows_m: int, context: int, splits: int, topk: int, threads: int):
+    """The select kernel for one shape; no GPU needed."""
+    return cute.compile(
+        _launch_select,
+        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
+        _fake(cutlass.Int64, (rows_m, topk)), threads,
+    )
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int
+) -> torch.Tensor:
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or weights.dtype not in _DTYPES:
+        raise TypeError(
+            f"logits_topk_cute supports q, k and weights in {sorted(map(str, _DTYPES))}; "
+            f"got {q.dtype}, {k.dtype}, {weights.dtype}"
+        )
+    rows_m, heads, dim = q.shape
+    context = k.shape[0]
+    if context < topk:
+        raise ValueError(f"{context} context tokens leave no top-{topk}")
+    q, k, weights = _aligned(q), _aligned(k), _aligned(weights)
+    sms = _sms()
+    scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
+    if q.dtype == torch.float32:
+        splits, _ = _simt_splits(rows_m, context, sms)
+        kernel = compiled_scores_simt(rows_m, heads, dim, context, sms, weights.dtype)
+        score_args = (q, k)
+    else:
+        rows = min(PARAMS["ROWS"], max(1, 256 // heads))
+        splits, _ = _mma_splits(rows_m, context, rows, sms)
+        kernel = compiled_scores_mma(
+            q.dtype, rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype
+        )
+        score_args = (q.view(rows_m * heads, dim), k)
+    hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
+    out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
+    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (*score_args, weights, scores, hist)))
+    compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
+        *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out))
+    )
+    return out

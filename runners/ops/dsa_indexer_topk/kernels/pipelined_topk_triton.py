@@ -1,0 +1,273 @@
+"""The lightning indexer as a pipeline over context chunks with a running top-k.
+
+The context is scored chunk by chunk, and each chunk's candidates are merged into a
+running top-k per row as soon as the chunk is scored, so only the running top-k and
+the candidates of two chunks (the one being merged, the one being scored) are ever
+live, never the [M, N] scores. Every launch does two things at once: its first M
+programs merge the previous chunk's candidates into the running top-k (one program
+per row, a bitonic merge), and the rest score the current chunk (the fused logits of
+fused_logits_triton.py, one row and BLOCK_N tokens each). The two halves of a launch
+read and write disjoint buffers (ping-pong), so the next chunk's logits run on the
+SMs beside the current chunk's selection, in one stream and one CUDA graph, with no
+side stream to join.
+
+Scoring a chunk also filters it: a score that does not beat the row's k-th best so far
+(from the merge a launch earlier) can never make the top-k and is dropped, and the
+rest are appended to the row's candidates (an atomic counter per row). After a few
+chunks almost nothing survives, so a merge costs one or two sorts of topk values
+whatever the chunk size. Chunks start at topk tokens and double up to CHUNK: early
+chunks are small because little is filtered yet (the first two chunks see no k-th
+best at all), later ones large so that few launches cover a long context (at 256K
+tokens and CHUNK=32K, 13 launches).
+
+Scores are compared as one int64 per position: the score's order-preserving integer
+key in the high half, the position (inverted, so lower positions win ties) in the low
+half. All keys of a row differ, so the running top-k is one set whatever order the
+atomics appended candidates in, and the output is its positions sorted by score: the
+same inputs always give the same output.
+
+- BLOCK_N: context tokens per scoring program (the N side of each head-block matmul).
+- BLOCK_H: heads per matmul; the head loop steps by it.
+- CHUNK: the largest chunk, in tokens. Each launch ends with its slowest program, so
+  fewer, larger launches lose less time draining and refilling the GPU; the price is
+  memory for candidates, 2 × M × CHUNK int64 (a chunk in which every score survives).
+- num_warps, num_stages: warps per program (merge and scoring programs alike) and
+  software-pipelining depth of the head loop's loads.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+PARAMS = {
+    "BLOCK_N": 128,
+    "BLOCK_H": 32,
+    "CHUNK": 32768,
+    "num_warps": 8,
+    "num_stages": 2,
+}
+
+SPACE = {
+    "BLOCK_N": [128],
+    "BLOCK_H": [32],
+    "num_stages": [2],
+    "CHUNK": [16384, 32768, 65536],
+    "num_warps": [4, 8],
+}
+
+# Below every real candidate: the key of a finite score is above the int32 minimum.
+LOWEST = tl.constexpr(-(2**63))
+
+
+@triton.jit
+def _row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
+                heads: tl.constexpr, dim: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """sum_h weights[row, h] * relu(q[row, h, :] . keys[n, :]) for a tile of keys."""
+    scores = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for h0 in range(0, heads, BLOCK_H):
+        head = h0 + tl.arange(0, BLOCK_H)
+        head_ok = head < heads
+        q = tl.load(
+            q_ptr + row * stride_qm + head[:, None] * stride_qh + dims[None, :],
+            mask=head_ok[:, None] & (dims[None, :] < dim), other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        weight = tl.load(w_ptr + row * stride_wm + head, mask=head_ok, other=0.0)
+        logits = tl.dot(q, tl.trans(keys), input_precision=PRECISION)
+        scores += tl.sum(tl.maximum(logits, 0.0) * weight[:, None], axis=0)
+    return scores
+
+
+@triton.jit
+def _candidates(scores, tokens):
+    """One int64 per position, ordered like (score, -position)."""
+    bits = scores.to(tl.int32, bitcast=True)
+    # Negative floats order backwards as integers: flip their magnitude bits.
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (key.to(tl.int64) << 32) | (0x7FFFFFFF - tokens).to(tl.int64)
+
+
+@triton.jit
+def _positions(candidates):
+    return (0x7FFFFFFF - candidates.to(tl.int32)).to(tl.int64)
+
+
+# A bitonic network over 2**LOG_K values. Each step pairs the positions that differ in
+# one bit; a [.., 2, ..] view of the values puts each pair on a size-2 axis, and the
+# pair's sum (wrapping, so exact for any int64) minus a value is its partner. On an
+# H200 this compiles to the same code as tl.sort (no layout conversions); tl.sort finds
+# the partner with an xor reduction instead, which Triton's CPU interpreter runs element
+# by element in Python, and this sum is numpy's there, reached through tl.reduce with
+# tl.sum's own combine function since the interpreter pays milliseconds for each
+# nested jit call (tl.sum is one).
+_add = tl.standard._sum_combine
+
+
+@triton.jit
+def _sort_ascending(x, LOG_K: tl.constexpr):
+    K: tl.constexpr = 2**LOG_K
+    lanes = tl.arange(0, K)
+    for stage in tl.static_range(1, LOG_K + 1):
+        # Sorted runs of 2**stage values, alternately ascending and descending so
+        # that each pair of runs is bitonic for the next stage; the last ascends.
+        descending = (lanes & (1 << stage)) != 0
+        for step in tl.static_range(stage):
+            # Pairs differ in bit stage-1-step; in an ascending run the upper one of
+            # a pair takes the larger value.
+            pairs = tl.reshape(x, [K >> (stage - step), 2, 1 << (stage - 1 - step)])
+            partner = tl.reshape(tl.reduce(pairs, 1, _add, keep_dims=True) - pairs, [K])
+            take_larger = ((lanes & (1 << (stage - 1 - step))) != 0) != descending
+            x = tl.where((x > partner) == take_larger, x, partner)
+    return x
+
+
+@triton.jit
+def _merge_descending(x, LOG_K: tl.constexpr):
+    """A bitonic sequence of 2**LOG_K values, sorted largest first."""
+    K: tl.constexpr = 2**LOG_K
+    lanes = tl.arange(0, K)
+    for step in tl.static_range(LOG_K):
+        pairs = tl.reshape(x, [1 << step, 2, K >> (step + 1)])
+        partner = tl.reshape(tl.reduce(pairs, 1, _add, keep_dims=True) - pairs, [K])
+        take_larger = (lanes & (K >> (step + 1))) == 0
+        x = tl.where((x > partner) == take_larger, x, partner)
+    return x
+
+
+@triton.jit
+def _merge_candidates(best_in, best_out, found_in, pending_in, out_ptr, row, topk,
+                      stride_om, finishing, CAPACITY: tl.constexpr, KEEP: tl.constexpr,
+                      LOG_KEEP: tl.constexpr):
+    """Merge a row's candidates from the previous chunk into its running top-k."""
+    lanes = tl.arange(0, KEEP)
+    best = tl.load(best_in + row * KEEP + lanes)
+    found = tl.load(found_in + row)
+    pending_in += row.to(tl.int64) * CAPACITY
+    # A compile-time bound (the chunk's size) with a runtime test: Triton 3.6's
+    # interpreter cannot loop to a runtime bound under numpy 2.
+    for start in range(0, CAPACITY, KEEP):
+        if start < found:
+            block = tl.load(pending_in + start + lanes, mask=start + lanes < found, other=LOWEST)
+            # Largest-first against smallest-first: the larger of each pair are the
+            # top half of both, as one bitonic sequence.
+            best = _merge_descending(tl.maximum(best, _sort_ascending(block, LOG_KEEP)), LOG_KEEP)
+    tl.store(best_out + row * KEEP + lanes, best)
+    if finishing:
+        tl.store(out_ptr + row * stride_om + lanes, _positions(best), mask=lanes < topk)
+
+
+@triton.jit
+def _score_chunk(q_ptr, k_ptr, w_ptr, best_in, found_out, pending_out, row, start,
+                 context, topk, stride_qm, stride_qh, stride_kn, stride_wm,
+                 heads: tl.constexpr, dim: tl.constexpr, CAPACITY: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                 KEEP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Score BLOCK_N tokens of one row; append those that beat its k-th best so far."""
+    tokens = start + tl.arange(0, BLOCK_N)
+    valid = tokens < context
+    dims = tl.arange(0, BLOCK_D)
+    keys = tl.load(
+        k_ptr + tokens[:, None].to(tl.int64) * stride_kn + dims[None, :],
+        mask=valid[:, None] & (dims[None, :] < dim), other=0.0,
+    )
+    if UPCAST:
+        keys = keys.to(tl.float32)
+    scores = _row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
+                         heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
+    floor = tl.load(best_in + row * KEEP + topk - 1)
+    candidates = _candidates(scores, tokens)
+    keep = valid & (candidates > floor)
+    kept = tl.sum(keep.to(tl.int32), axis=0)
+    if kept > 0:
+        first = tl.atomic_add(found_out + row, kept, sem="relaxed")
+        slots = first + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(pending_out + row.to(tl.int64) * CAPACITY + slots, candidates, mask=keep)
+
+
+@triton.jit
+def _pipeline_step(
+    q_ptr, k_ptr, w_ptr, out_ptr, best_in, best_out, found_in, found_out,
+    pending_in, pending_out, rows, context, topk, chunk_start, merging, finishing,
+    stride_qm, stride_qh, stride_kn, stride_wm, stride_om,
+    heads: tl.constexpr, dim: tl.constexpr, CAPACITY: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    KEEP: tl.constexpr, LOG_KEEP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    program = tl.program_id(0)
+    # Merging programs come first: the GPU starts programs roughly in order, so the
+    # merges start at once and the scoring programs fill the SMs around them.
+    if program < merging:
+        _merge_candidates(best_in, best_out, found_in, pending_in, out_ptr, program, topk,
+                          stride_om, finishing, CAPACITY, KEEP, LOG_KEEP)
+    else:
+        # Consecutive programs score the same tokens for different rows, so a key
+        # tile is read from HBM once and from L2 by the others.
+        tile = program - merging
+        row = tile % rows
+        start = chunk_start + (tile // rows) * BLOCK_N
+        _score_chunk(q_ptr, k_ptr, w_ptr, best_in, found_out, pending_out, row, start,
+                     context, topk, stride_qm, stride_qh, stride_kn, stride_wm,
+                     heads, dim, CAPACITY, BLOCK_N, BLOCK_H, BLOCK_D, KEEP,
+                     PRECISION, UPCAST)
+
+
+# Triton's CPU interpreter multiplies the raw bits of bfloat16 dot operands
+# (triton-lang/triton#11584; it supports no bfloat16 arithmetic), so there the operands
+# are widened to float32 first. Products of bfloat16 values are exact in float32, as
+# on the tensor cores, so both paths compute the same scores up to summation order.
+_INTERPRETED = not isinstance(_pipeline_step, triton.runtime.JITFunction)
+
+
+def _chunks(context: int, first: int, largest: int) -> list[tuple[int, int]]:
+    """(start, end) of each chunk: `first` tokens, then doubling up to `largest`."""
+    chunks, start, size = [], 0, first
+    while start < context:
+        chunks.append((start, min(start + size, context)))
+        start, size = start + size, min(2 * size, largest)
+    return chunks
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int
+) -> torch.Tensor:
+    # The kernel indexes the head dimension with unit stride.
+    q, k, weights = q.contiguous(), k.contiguous(), weights.contiguous()
+    rows, heads, dim = q.shape
+    context = k.shape[0]
+    block_n = PARAMS["BLOCK_N"]
+    # The running top-k is a power of two for the bitonic merges.
+    keep = max(triton.next_power_of_2(topk), 16)
+    # Chunk boundaries are multiples of BLOCK_N, so a scoring tile never straddles two.
+    chunks = _chunks(context, max(keep, block_n), max(PARAMS["CHUNK"], block_n))
+    capacity = max(end - start for start, end in chunks)
+    device = q.device
+    # Ping-pong pairs: a launch reads one of each and writes the other.
+    best = torch.full((2, rows, keep), -(2**63), dtype=torch.int64, device=device)
+    pending = torch.empty(2, rows, capacity, dtype=torch.int64, device=device)
+    found = torch.zeros(len(chunks), rows, dtype=torch.int32, device=device)
+    out = torch.empty(rows, topk, dtype=torch.int64, device=device)
+    # Launch i scores chunk i (if any) and merges chunk i - 1 (if any).
+    for step in range(len(chunks) + 1):
+        scoring, merging = step < len(chunks), step > 0
+        start, end = chunks[step] if scoring else (0, 0)
+        grid = (rows * merging + rows * triton.cdiv(end - start, block_n),)
+        _pipeline_step[grid](
+            q, k, weights, out, best[step % 2], best[(step + 1) % 2],
+            found[max(step - 1, 0)], found[min(step, len(chunks) - 1)],
+            pending[(step + 1) % 2], pending[step % 2],
+            rows, context, topk, start, rows * merging, int(step == len(chunks)),
+            q.stride(0), q.stride(1), k.stride(0), weights.stride(0), out.stride(0),
+            heads=heads, dim=dim, CAPACITY=capacity, BLOCK_N=block_n,
+            BLOCK_H=PARAMS["BLOCK_H"], BLOCK_D=triton.next_power_of_2(dim),
+            KEEP=keep, LOG_KEEP=keep.bit_length() - 1,
+            # float32 inputs must not be rounded to TF32: their tolerance is 1e-5.
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            UPCAST=_INTERPRETED,
+            num_warps=PARAMS["num_warps"], num_stages=PARAMS["num_stages"],
+        )
+    return out

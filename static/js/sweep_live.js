@@ -1,0 +1,94 @@
+// Follows a sweep over its websocket (CONTRACTS §6).
+// On every (re)connect it sends the last seq it has applied and the server replays what
+// came after; frames are applied strictly in seq order and never twice. The page itself
+// was rendered at data-last-seq, so anything it already shows is skipped here too.
+(function () {
+  "use strict";
+  const live = document.getElementById("live");
+  if (!live) return;
+  const connection = document.getElementById("connection");
+  let lastSeq = Number(live.dataset.lastSeq || 0);
+  let retries = 0;
+  let plotted = null; // candidate numbers already on the chart
+
+  function setConnection(state) {
+    connection.textContent = state;
+    connection.dataset.state = state;
+  }
+
+  function chart() {
+    const el = document.getElementById("sweep-chart");
+    return el && el.data ? el : null;
+  }
+
+  function plottedNumbers(el) {
+    if (plotted === null) {
+      plotted = new Set();
+      el.data.forEach(function (trace) { (trace.x || []).forEach(function (n) { plotted.add(n); }); });
+    }
+    return plotted;
+  }
+
+  function extendChart(payload) {
+    const el = chart();
+    if (!el) return;
+    const seen = plottedNumbers(el);
+    if (seen.has(payload.number)) return;
+    const xs = [], ys = [], indices = [];
+    payload.workloads.forEach(function (w, i) {
+      if (w.speedup !== null && w.speedup !== undefined && i < el.data.length) {
+        xs.push([payload.number]); ys.push([w.speedup]); indices.push(i);
+      }
+    });
+    seen.add(payload.number);
+    if (indices.length) Plotly.extendTraces(el, { x: xs, y: ys }, indices);
+  }
+
+  function apply(frame) {
+    const holder = document.createElement("template");
+    holder.innerHTML = frame.html || "";
+    if (frame.type === "candidate.result") {
+      // A row the server already rendered into the page is not added again.
+      if (document.getElementById("candidate-" + frame.payload.number)) {
+        holder.content.querySelectorAll("template").forEach(function (t) { t.remove(); });
+      }
+      extendChart(frame.payload);
+    }
+    if (holder.innerHTML.trim()) {
+      htmx.swap(document.body, holder.innerHTML, { swapStyle: "none" });
+    }
+    if (frame.type === "sweep.finished") {
+      const activity = document.getElementById("sweep-activity");
+      const reason = frame.payload.stop_reason;
+      if (activity) activity.textContent = reason ? "Stopped: " + reason : "Sweep finished.";
+    }
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(scheme + "://" + location.host + live.dataset.wsPath);
+    socket.onopen = function () {
+      retries = 0;
+      setConnection("live");
+      socket.send(JSON.stringify({ after: lastSeq }));
+    };
+    socket.onmessage = function (message) {
+      const frame = JSON.parse(message.data);
+      if (typeof frame.seq !== "number" || frame.seq <= lastSeq) return;
+      if (frame.seq !== lastSeq + 1) {
+        socket.close(); // out of order: reconnect and let the server replay from lastSeq
+        return;
+      }
+      apply(frame);
+      lastSeq = frame.seq;
+      live.dataset.lastSeq = String(lastSeq);
+    };
+    socket.onclose = function () {
+      setConnection("reconnecting");
+      const delay = Math.min(10000, 250 * Math.pow(2, retries++));
+      setTimeout(connect, delay);
+    };
+  }
+
+  document.addEventListener("DOMContentLoaded", connect);
+})();

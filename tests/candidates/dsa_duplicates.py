@@ -1,0 +1,11 @@
+"""Duplicate indices: the last slot of every row repeats the first."""
+
+import torch
+
+
+def forward(q, k, weights, topk):
+    logits = torch.einsum("mhd,nd->mhn", q, k).float().relu_()
+    scores = torch.einsum("mhn,mh->mn", logits, weights)
+    indices = scores.topk(topk, dim=-1).indices
+    indices[:, -1] = indices[:, 0]
+    return indices

@@ -1,0 +1,188 @@
+"""The planted-bug corpus: each wrong or hostile candidate is rejected for its own reason,
+and correct candidates written in other styles pass.
+
+Every file in tests/candidates/ runs through a whole evaluation, in child processes, as
+the CLI and the worker run it. Limits are small so that hangs and allocations end fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners.harness import Limits, evaluate
+from runners.harness.dsl import kernel_dsl
+from runners.harness.hacks import catalog
+from runners.ops import get_op
+from runners.space import materialize
+
+CANDIDATES = Path(__file__).resolve().parent / "candidates"
+LIMITS = Limits(import_s=2, call_s=2, memory_bytes=512 * 2**20)
+SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048]}
+
+# file -> (guard that must fail, fragments of its detail)
+PLANTED = {
+    "rmsnorm_off_by_one.py": ("correctness", ["1,024 of 65,536 values differ", "got 0"]),
+    "rmsnorm_partial_write.py": ("correctness", ["of 65,536"]),
+    "rmsnorm_nan.py": ("correctness", ["1 of 65,536 output values are NaN or inf"]),
+    "rmsnorm_wrong_dtype.py": ("correctness", ["output dtype is torch.float32, expected torch.bfloat16"]),
+    "rmsnorm_mutates_input.py": ("inputs-unchanged", ["65,536 of 65,536 elements of x differ"]),
+    "rmsnorm_raises.py": ("correctness", ["forward raised RuntimeError: CUDA error: an illegal memory access"]),
+    "rmsnorm_exit_in_forward.py": ("correctness", ["forward raised SystemExit"]),
+    "rmsnorm_os_exit.py": ("process", ["exited with status 0", "running forward on t=64"]),
+    "rmsnorm_exit_at_import.py": ("loads", ["exited with status 0", "while importing rmsnorm_exit_at_import.py"]),
+    "rmsnorm_segfault.py": ("process", ["died from SIGSEGV", "running forward"]),
+    "rmsnorm_hang.py": ("process", ["did not finish running forward", "within 2 s; it was killed"]),
+    "rmsnorm_hang_at_import.py": ("loads", ["did not finish importing rmsnorm_hang_at_import.py within 2 s"]),
+    "rmsnorm_unbounded_allocation.py": ("resources", ["ran out of memory", "can't allocate memory"]),
+    "rmsnorm_fake_result.py": ("correctness", ["values differ from the reference", "got 0"]),
+    "rmsnorm_subclass.py": ("output-type", ["a Deferred (a torch.Tensor subclass)"]),
+    "rmsnorm_stale_empty.py": ("correctness", ["seed #1, repeated"]),
+    "rmsnorm_cache_by_pointer.py": ("correctness", ["values differ from the reference"]),
+    "rmsnorm_cache_by_shape.py": ("correctness", ["values differ from the reference", "seed #2"]),
+    "rmsnorm_cheap_when_timed.py": ("timed-outputs", ["output values are NaN", "timed call #"]),
+    "rmsnorm_network.py": ("sandbox", ["network access (socket."]),
+    "rmsnorm_starts_program.py": ("sandbox", ["starting a program (subprocess.Popen 'true')"]),
+    "rmsnorm_writes_outside.py": ("sandbox", ["writing outside its directory", "rmsnorm_writes_outside.escaped"]),
+    "rmsnorm_signals_judge.py": ("sandbox", ["os.kill: signalling process"]),
+    "rmsnorm_background_thread.py": ("threads", ["still running after forward returned"]),
+    "rmsnorm_patches_clock.py": ("evaluator-intact", ["time.perf_counter_ns"]),
+    "rmsnorm_lies_about_time.py": ("clock", ["reported times disagree with the judge's clock"]),
+    "dsa_off_by_one.py": ("correctness", ["fall short of the true top-256"]),
+    "dsa_partial_write.py": ("correctness", ["fall short of the true top-256"]),
+    "dsa_wrong_dtype.py": ("correctness", ["output dtype is torch.int32, expected torch.int64"]),
+    "dsa_duplicates.py": ("correctness", ["duplicate indices", "ctx=2048,m=4"]),
+    "dsa_out_of_range.py": ("correctness", ["indices are outside [0, 2048)"]),
+    "dsa_mutates_input.py": ("inputs-unchanged", ["elements of k differ"]),
+    # Reward hacks (skills/reward-hacks.md), each rejected by the guard its row names.
+    "rmsnorm_enables_tf32.py": ("config", ["torch.backends.cuda.matmul.allow_tf32: False → True"]),
+    "rmsnorm_disables_graphs.py": ("config", ["env TORCHINDUCTOR_CUDAGRAPHS: unset → 0"]),
+    "rmsnorm_disables_all_reduce.py": ("config", ["env VLLM_DISABLE_CUSTOM_ALL_REDUCE: unset → 1"]),
+    "rmsnorm_takes_more_threads.py": ("config", ["denormals flushed to zero: False → True",
+                                                 "torch.get_num_threads: 1 → 3"]),
+    "rmsnorm_loosens_tolerance.py": ("protected-settings", [
+        'line 11 changes a tolerance: `type(get_op("rmsnorm")).tolerances[torch.float32] = (1e-2, 1e-2)`']),
+    "dsa_shrinks_batch.py": ("config", ["dsa_indexer_topk batch sizes: [4] → [1]"]),
+    "dsa_limits_context.py": ("config", ["dsa_indexer_topk context length range: (256, 131072) → (1, 1024)"]),
+    "rmsnorm_constant_output.py": ("correctness", ["values differ from the reference", "seed #1"]),
+    "rmsnorm_predicts_inputs.py": ("correctness", ["values differ from the reference"]),
+    "rmsnorm_reads_reference.py": ("correctness", ["values differ from the reference"]),
+    "rmsnorm_drifts_after_check.py": ("timed-outputs", ["values differ from the reference", "timed call #"]),
+    "rmsnorm_tampers_evaluator.py": ("evaluator-intact", ["runners.harness.wire.write_message"]),
+    "rmsnorm_sabotages_baseline.py": ("sandbox", ["writing outside its directory",
+                                                  "runners/ops/rmsnorm/baseline.py"]),
+    "rmsnorm_forges_reply.py": ("protocol", ["an answer to a request it was not asked"]),
+    "rmsnorm_torch_fallback_triton.py": ("required-dsl", ["torch fallback: the call ran torch compute",
+                                                          "aten.rsqrt"]),
+}
+
+# Hacks that only a GPU can play; run where one is present.
+PLANTED_CUDA = {
+    "rmsnorm_breaks_capture.py": ("cuda-graph", ["captur"]),
+    "rmsnorm_side_stream.py": ("cuda-graph", ["captur"]),
+    "rmsnorm_persisting_l2.py": ("config", ["persisting-L2 limit (bytes): 0 → "]),
+}
+CUDA_SMALL = {"rmsnorm": [1024], "dsa_indexer_topk": [4096]}
+
+CORRECT = ["rmsnorm_correct_functional.py", "rmsnorm_correct_rows.py", "dsa_correct_per_head.py"]
+
+
+def _op_of(name: str) -> str:
+    return "rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk"
+
+
+def _evaluate(path: Path, op: str, device: str = "cpu"):
+    return evaluate(op, path, device=device, dsl=kernel_dsl(path),
+                    context_lengths=(SMALL if device == "cpu" else CUDA_SMALL)[op],
+                    time_budget_s=0.05, limits=LIMITS)
+
+
+def test_every_file_in_the_corpus_is_listed():
+    assert {path.name for path in CANDIDATES.glob("*.py")} == (
+        set(PLANTED) | set(PLANTED_CUDA) | set(CORRECT))
+
+
+def test_every_hack_of_the_catalog_has_a_candidate_rejected_by_a_guard_it_names():
+    for hack in catalog():
+        assert hack.candidates, hack.title
+        for candidate in hack.candidates:
+            planted = PLANTED_CUDA if candidate.cuda_only else PLANTED
+            assert candidate.file in planted, (hack.title, candidate.file)
+            guard, _ = planted[candidate.file]
+            assert guard in hack.guards, (hack.title, candidate.file, guard)
+
+
+def test_the_catalog_names_a_guard_for_every_known_hack():
+    # The rows of the catalogue the product started from: none may be dropped.
+    titles = {hack.title for hack in catalog()}
+    assert len(titles) >= 28
+    for title in ("disable CUDA graphs", "limit the context window", "shrink max_num_seqs",
+                  "torch fallback", "loosen the tolerance", "time warmup only",
+                  "profile the client", "disable custom all-reduce", "stale output memory",
+                  "work on a side CUDA stream", "persisting-L2 carve-out",
+                  "sabotaging the baseline"):
+        assert title in titles
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU hack: needs CUDA to play it")
+@pytest.mark.parametrize(("name", "guard", "fragments"),
+                         [(name, guard, fragments) for name, (guard, fragments) in PLANTED_CUDA.items()])
+def test_a_gpu_hack_is_rejected_for_its_reason(name, guard, fragments):
+    result = _evaluate(CANDIDATES / name, _op_of(name), device="cuda")
+    assert result.verdict == "rejected"
+    failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    assert guard in failing, result.guards
+    for fragment in fragments:
+        assert fragment in failing[guard], failing[guard]
+
+
+@pytest.mark.parametrize(("name", "guard", "fragments"),
+                         [(name, guard, fragments) for name, (guard, fragments) in PLANTED.items()])
+def test_a_planted_bug_is_rejected_for_its_reason(name, guard, fragments):
+    result = _evaluate(CANDIDATES / name, _op_of(name))
+    assert result.verdict == "rejected"
+    failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    assert guard in failing, result.guards
+    for fragment in fragments:
+        assert fragment in failing[guard], failing[guard]
+    assert "\n" not in failing[guard]
+    if guard in ("correctness", "output-type", "inputs-unchanged", "loads", "timed-outputs"):
+        assert result.correct is False
+    # A candidate rejected before timing is never reported as timed.
+    if result.correct is False and guard != "timed-outputs":
+        assert all(w.baseline_ms is None and not w.significant for w in result.workloads)
+
+
+def test_a_write_outside_its_directory_never_reaches_the_disk():
+    escaped = (CANDIDATES / "rmsnorm_writes_outside.py").with_suffix(".escaped")
+    try:
+        _evaluate(CANDIDATES / "rmsnorm_writes_outside.py", "rmsnorm")
+        assert not escaped.exists()
+    finally:
+        escaped.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_a_correct_candidate_in_another_style_passes(name):
+    result = _evaluate(CANDIDATES / name, _op_of(name))
+    assert result.correct is True, result.guards
+    assert result.verdict in ("no-gain", "win"), [g for g in result.guards if g.status == "fail"]
+    assert all(w.candidate_ms and w.candidate_ms > 0 for w in result.workloads)
+
+
+@pytest.mark.parametrize(("op_name", "point"), [
+    ("rmsnorm", {"block_rows": 64, "formulation": "functional", "upcast": "normalize_only"}),
+    ("dsa_indexer_topk", {"chunk": 1024, "merge": "collect", "heads": "loop"}),
+])
+def test_the_ops_own_kernels_pass_at_several_space_points(op_name, point, tmp_path):
+    kernel = next(path for name, path in get_op(op_name).kernels().items()
+                  if not name.endswith(("_triton", "_cute")))
+    candidate = tmp_path / kernel.name
+    candidate.write_text(materialize(kernel.read_text(), point))
+    result = _evaluate(candidate, op_name)
+    assert result.correct is True, result.guards
+    assert result.verdict != "rejected", [g for g in result.guards if g.status == "fail"]
+    assert result.params == point | {key: value for key, value in result.params.items()
+                                     if key not in point}

@@ -1,0 +1,272 @@
+"""Isolation: candidates run in child processes the judge questions over a private,
+pickle-free channel; what they try is refused and recorded, and whatever they do, the
+evaluation completes and the next one starts clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners.harness import Limits, evaluate, wire
+from runners.harness.sandbox import Sandbox
+
+LIMITS = Limits(import_s=2, call_s=2, memory_bytes=512 * 2**20)
+ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = ROOT / "tests" / "candidates"
+
+RIGHT = """
+import torch
+
+def forward(x, weight, eps):
+    hidden = x.float()
+    rstd = torch.rsqrt(hidden.square().mean(dim=-1, keepdim=True) + eps)
+    return (hidden * rstd * weight.float()).to(x.dtype)
+"""
+
+
+def _candidate(tmp_path, body: str) -> Path:
+    path = tmp_path / "candidate.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _failing(result):
+    return {guard.name: guard.detail for guard in result.guards if guard.status == "fail"}
+
+
+def _worker_children(of: int | None = None) -> list[int]:
+    """Processes still running the worker whose parent is this process (or `of`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "")
+        if parent == str(of or os.getpid()) and b"runners" in command and b"harness" in command:
+            found.append(int(entry.name))
+    return found
+
+
+# -- the channel ------------------------------------------------------------------
+
+
+@pytest.fixture
+def channel():
+    read, write = os.pipe()
+    yield read, write
+    for fd in (read, write):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_a_frame_carries_a_json_header_and_raw_tensors(channel):
+    read, write = channel
+    tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "idx": torch.arange(7),
+               "empty": torch.empty(0, 4)}
+    wire.write_message(write, {"ok": True, "ms": 0.25}, tensors)
+    header, received = wire.read_message(read, deadline=time.monotonic() + 5, max_bytes=1 << 20)
+    assert header == {"ok": True, "ms": 0.25}
+    assert set(received) == set(tensors)
+    for name, tensor in tensors.items():
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor)
+
+
+def test_a_pickle_is_refused_as_garbage_and_never_run(channel, tmp_path):
+    read, write = channel
+    marker = tmp_path / "ran"
+
+    class Exploit:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    payload = pickle.dumps(Exploit())
+    os.write(write, len(payload).to_bytes(8, "big") + payload)
+    with pytest.raises(wire.ProtocolError, match="not JSON"):
+        wire.read_message(read, deadline=time.monotonic() + 5)
+    assert not marker.exists()
+
+
+def test_tensor_payloads_are_bounded_before_they_are_read(channel):
+    read, write = channel
+    header = json.dumps({"tensors": [{"name": "out", "dtype": "float32", "shape": [1 << 30]}]}).encode()
+    os.write(write, len(header).to_bytes(8, "big") + header)
+    with pytest.raises(wire.ProtocolError, match="at most 1,024 were expected"):
+        wire.read_message(read, deadline=time.monotonic() + 5, max_bytes=1024)
+
+
+@pytest.mark.parametrize("spec", [
+    {"name": "out", "dtype": "object", "shape": [1]},
+    {"name": "out", "dtype": "float32", "shape": [-1]},
+    {"name": "out", "dtype": "float32", "shape": [1] * 9},
+    {"name": "out", "dtype": "float32", "shape": "everything"},
+])
+def test_malformed_tensor_descriptions_are_refused(channel, spec):
+    read, write = channel
+    header = json.dumps({"tensors": [spec]}).encode()
+    os.write(write, len(header).to_bytes(8, "big") + header)
+    with pytest.raises(wire.ProtocolError):
+        wire.read_message(read, deadline=time.monotonic() + 5, max_bytes=1 << 20)
+
+
+def test_oversized_headers_are_refused_unread(channel):
+    read, write = channel
+    os.write(write, (wire.MAX_HEADER_BYTES + 1).to_bytes(8, "big"))
+    with pytest.raises(wire.ProtocolError, match="a header of"):
+        wire.read_message(read, deadline=time.monotonic() + 5)
+
+
+def test_silence_times_out_and_a_closed_end_is_told_apart(channel):
+    read, write = channel
+    with pytest.raises(wire.ChannelTimeout):
+        wire.read_message(read, deadline=time.monotonic() + 0.05)
+    os.close(write)
+    with pytest.raises(wire.ChannelClosed):
+        wire.read_message(read, deadline=time.monotonic() + 5)
+
+
+# -- the sandbox's decisions --------------------------------------------------------
+
+
+@pytest.fixture
+def box(tmp_path):
+    compiler = tmp_path / "bin" / "ptxas"
+    compiler.parent.mkdir()
+    compiler.write_text("")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    return Sandbox(scratch, frozenset({os.path.realpath(compiler)})), scratch, compiler
+
+
+@pytest.mark.parametrize(("event", "args", "refused"), [
+    ("open", ("/etc/hostname", "r", os.O_RDONLY), None),
+    ("open", ("/tmp/elsewhere.txt", "w", os.O_WRONLY | os.O_CREAT), "writing outside its directory"),
+    ("open", ("/tmp/elsewhere.txt", None, os.O_RDWR), "writing outside its directory"),
+    ("open", (os.devnull, "w", os.O_WRONLY), None),
+    ("open", (f"/proc/{os.getppid()}/mem", "rb", os.O_RDONLY), "reading another process's"),
+    ("open", (3, "w", os.O_WRONLY), None),
+    ("socket.connect", (None, ("127.0.0.1", 80)), "network access"),
+    ("socket.getaddrinfo", ("example.org", 443, 0, 0, 0), "network access"),
+    ("subprocess.Popen", ("/bin/sh", ["/bin/sh", "-c", "true"], None, None), "starting a program"),
+    ("os.system", (b"true",), "os.system"),
+    ("os.fork", (), "os.fork"),
+    ("os.kill", (os.getppid(), 9), "signalling process"),
+    ("os.kill", (os.getpid(), 0), None),
+    ("ctypes.dlsym", (None, "system"), "looking up the native function 'system'"),
+    ("ctypes.dlsym", (None, "cudaDeviceSetLimit"), None),
+    ("os.rename", ("/tmp/a", "/tmp/b", None, None), "os.rename outside its directory"),
+    ("shutil.rmtree", ("/", None), "shutil.rmtree outside its directory"),
+])
+def test_the_sandbox_refuses_what_a_candidate_has_no_business_doing(box, event, args, refused):
+    sandbox, _, _ = box
+    reason = sandbox._refusal(event, args)
+    if refused is None:
+        assert reason is None
+    else:
+        assert refused in reason
+
+
+def test_the_sandbox_lets_a_dsl_start_its_own_compiler_and_write_its_own_directory(box):
+    sandbox, scratch, compiler = box
+    assert sandbox._refusal("subprocess.Popen", (str(compiler), [str(compiler), "--version"], None, None)) is None
+    assert sandbox._refusal("open", (str(scratch / "cache" / "kernel.cubin"), "wb", os.O_WRONLY)) is None
+    assert sandbox._refusal("os.rename", (str(scratch / "a"), str(scratch / "b"), None, None)) is None
+    escape = scratch / "link"
+    escape.symlink_to("/tmp")
+    assert "outside" in sandbox._refusal("open", (str(escape / "x"), "w", os.O_WRONLY))
+
+
+# -- processes ---------------------------------------------------------------------
+
+
+def test_a_hang_is_killed_and_the_next_evaluation_starts_clean(tmp_path):
+    hung = evaluate("rmsnorm", CANDIDATES / "rmsnorm_hang.py", context_lengths=[64],
+                    time_budget_s=0.05, limits=LIMITS)
+    assert _failing(hung)["process"].endswith("within 2 s; it was killed")
+    assert _worker_children() == []
+    after = evaluate("rmsnorm", _candidate(tmp_path, RIGHT), context_lengths=[64],
+                     time_budget_s=0.05, limits=LIMITS)
+    assert after.verdict == "no-gain" and after.correct is True
+    assert _worker_children() == []
+
+
+def test_the_judge_never_imports_the_candidate(tmp_path):
+    evaluate("rmsnorm", _candidate(tmp_path, RIGHT), context_lengths=[64], time_budget_s=0.02,
+             limits=LIMITS)
+    assert not [name for name in sys.modules if name.startswith("_candidate_")]
+
+
+def test_a_child_sees_a_clean_environment_rooted_in_its_own_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNEL_LAB_TEST_SECRET", "not for candidates")
+    result = evaluate("rmsnorm", _candidate(tmp_path, RIGHT + textwrap.dedent("""
+        import os
+        here = os.getcwd()
+        assert "KERNEL_LAB_TEST_SECRET" not in os.environ, "the judge's environment leaked"
+        for name in ("HOME", "TMPDIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+            assert os.environ[name].startswith(here), name
+    """)), context_lengths=[64], time_budget_s=0.02, limits=LIMITS)
+    assert result.correct is True, _failing(result)
+
+
+def test_a_forged_frame_on_the_result_channel_breaks_the_protocol_and_rejects(tmp_path):
+    # The reply descriptor is on the child's command line; a candidate can find it.
+    result = evaluate("rmsnorm", _candidate(tmp_path, RIGHT + textwrap.dedent("""
+        import json, os, sys
+        _real = forward
+
+        def forward(x, weight, eps):
+            fake = json.dumps({"ok": True, "ms": 0.001, "seq": 999}).encode()
+            os.write(int(sys.argv[2]), len(fake).to_bytes(8, "big") + fake)
+            return _real(x, weight, eps)
+    """)), context_lengths=[64], time_budget_s=0.02, limits=LIMITS)
+    assert result.verdict == "rejected"
+    assert "broke the result protocol" in _failing(result)["protocol"]
+
+
+def test_a_child_that_silences_its_own_input_check_is_still_caught_by_the_fingerprint(tmp_path):
+    result = evaluate("rmsnorm", _candidate(tmp_path, RIGHT + textwrap.dedent("""
+        import sys
+        sys.modules["__main__"].describe_change = lambda after, pristine: None
+        _real = forward
+
+        def forward(x, weight, eps):
+            out = _real(x, weight, eps)
+            x.add_(1)
+            return out
+    """)), context_lengths=[64], time_budget_s=0.02, limits=LIMITS)
+    assert "fingerprint no longer matches" in _failing(result)["inputs-unchanged"]
+
+
+def test_children_die_with_the_judge():
+    # The worker's time limit kills the judge, not the children in their own sessions.
+    judge = subprocess.Popen(
+        [sys.executable, "-m", "runners.harness", "evaluate", "rmsnorm",
+         str(CANDIDATES / "rmsnorm_hang.py"), "--ctx", "64", "--json"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (workers := _worker_children(of=judge.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert workers, "the judge never started a child"
+    finally:
+        judge.kill()
+        judge.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)

@@ -1,0 +1,151 @@
+"""What a candidate may not change: the configuration watch (read before the import and
+after calls), the source check against the kept kernel, and the plausibility flag."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from runners.harness import Limits, evaluate, protected
+from runners.harness.configuration import ConfigurationWatch
+from runners.ops import get_op
+
+LIMITS = Limits(import_s=5, call_s=5, memory_bytes=512 * 2**20)
+RMSNORM = '''
+import torch
+
+
+def forward(x, weight, eps):
+    hidden = x.float()
+    rstd = torch.rsqrt(hidden.square().mean(dim=-1, keepdim=True) + eps)
+    return (hidden * rstd * weight.float()).to(x.dtype)
+'''
+
+
+@pytest.fixture
+def restored():
+    """Whatever a test changes in this process's configuration is put back after it."""
+    saved = (dict(os.environ), torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads(),
+             dict(type(get_op("rmsnorm")).tolerances))
+    yield
+    environ, tf32, threads, tolerances = saved
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.set_num_threads(threads)
+    type(get_op("rmsnorm")).tolerances.clear()
+    type(get_op("rmsnorm")).tolerances.update(tolerances)
+
+
+def test_an_untouched_configuration_reads_the_same_twice(restored):
+    watch = ConfigurationWatch(get_op("rmsnorm"), "cpu")
+    assert watch.changes() == []
+    assert len(watch.before) > 30
+
+
+def test_each_kind_of_change_is_named_with_its_before_and_after(restored):
+    watch = ConfigurationWatch(get_op("rmsnorm"), "cpu")
+    os.environ["NCCL_P2P_DISABLE"] = "1"
+    torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    type(get_op("rmsnorm")).tolerances[torch.float32] = (1e-1, 1e-1)
+    changes = "\n".join(watch.changes())
+    assert "env NCCL_P2P_DISABLE: unset → 1" in changes
+    assert "torch.backends.cuda.matmul.allow_tf32: " in changes
+    assert "torch.get_num_threads: " in changes
+    # A long value is cut around its first difference, so the change itself shows.
+    assert "rmsnorm tolerances: …" in changes and "(0.1, 0.1)" in changes
+
+
+def test_a_removed_variable_and_a_mutated_constant_are_changes(restored):
+    watch = ConfigurationWatch(get_op("rmsnorm"), "cpu")
+    import runners.ops.rmsnorm as rmsnorm_module
+
+    os.environ.pop("PATH", None)
+    hidden = dict(rmsnorm_module.HIDDEN)
+    rmsnorm_module.HIDDEN["cpu"] = 8
+    try:
+        changes = "\n".join(watch.changes())
+    finally:
+        rmsnorm_module.HIDDEN.update(hidden)
+    assert "env PATH: " in changes and "→ unset" in changes
+    assert "runners.ops.rmsnorm constants: " in changes
+    assert "rmsnorm workloads: " in changes
+
+
+@pytest.mark.parametrize(("line", "what"), [
+    ("torch.backends.cudnn.benchmark = True", "changes a torch backend flag"),
+    ('os.environ["TORCHINDUCTOR_CUDAGRAPHS"] = "0"', "changes a CUDA-graph setting"),
+    ('os.environ.setdefault("NCCL_ALGO", "ring")', "changes an all-reduce setting"),
+    ('os.environ["OMP_NUM_THREADS"] = "64"', "changes the environment"),
+    ("get_op('rmsnorm').tolerances[torch.float32] = (1e-2, 1e-2)", "changes a tolerance"),
+    ("type(get_op('rmsnorm')).default_batch_sizes = lambda self, d: [1]", "changes the batch sizes"),
+    ("type(get_op('rmsnorm')).max_context = 1024", "changes the workloads or context lengths"),
+    ("setattr(rmsnorm_module, 'EPS', 1.0)", "changes the harness's own state"),
+    ("torch.set_flush_denormal(True)", "changes a torch backend flag"),
+])
+def test_the_source_check_names_the_line_and_what_it_changes(line, what):
+    source = ("import os\nimport torch\nfrom runners.ops import get_op\n"
+              "import runners.ops.rmsnorm as rmsnorm_module\n"
+              f"if os.environ.get('NEVER_SET'):\n    {line}\n" + RMSNORM)
+    found = [str(finding) for finding in protected.findings(source)]
+    assert f"line 6 {what}: `{line}`" in found, found
+
+
+def test_the_source_check_leaves_the_candidates_own_names_alone():
+    source = "import torch\natol = 1e-2\nclass Config:\n    batch_sizes = [1]\n" + RMSNORM.replace(
+        "    hidden = x.float()", "    config = Config()\n    config.context_lengths = [4]\n    hidden = x.float()")
+    assert protected.findings(source) == []
+    assert protected.check(source, None)[0] == "pass"
+
+
+def test_only_what_the_candidate_adds_to_the_kept_kernel_counts():
+    kept = "import torch\ntorch.backends.cudnn.benchmark = True\n" + RMSNORM
+    candidate = kept + "\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
+    status, detail = protected.check(candidate, kept)
+    assert status == "fail"
+    assert "allow_tf32" in detail and "cudnn.benchmark" not in detail
+    assert protected.check(kept, kept)[0] == "pass"
+
+
+def test_a_setting_on_a_branch_never_taken_is_still_rejected(tmp_path):
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text("import os\nimport torch\n"
+                         "if os.environ.get('NEVER_SET'):\n"
+                         "    torch.backends.cuda.matmul.allow_tf32 = True\n" + RMSNORM)
+    result = evaluate("rmsnorm", candidate, context_lengths=[64], time_budget_s=0.05, limits=LIMITS)
+    guards = {guard.name: guard for guard in result.guards}
+    assert result.verdict == "rejected"
+    assert guards["config"].status == "pass"  # the line never ran...
+    assert guards["protected-settings"].status == "fail"  # ...but it is in the diff
+    assert "line 4 changes a torch backend flag" in guards["protected-settings"].detail
+
+
+def test_a_tenfold_win_is_flagged_for_scrutiny(tmp_path):
+    slow_kept = tmp_path / "kept.py"
+    slow_kept.write_text("import time\n" + RMSNORM.replace(
+        "    hidden = x.float()", "    time.sleep(0.02)\n    hidden = x.float()"))
+    fast = tmp_path / "candidate.py"
+    fast.write_text(RMSNORM)
+    result = evaluate("rmsnorm", fast, baseline=slow_kept, context_lengths=[64],
+                      time_budget_s=0.3, limits=LIMITS)
+    plausibility = next(guard for guard in result.guards if guard.name == "plausibility")
+    assert plausibility.status == "warn", result.guards
+    assert plausibility.detail.startswith("needs scrutiny: more than 10x faster than the baseline")
+    assert result.verdict == "win"  # a flag for the reviewer, not a rejection
+
+
+def test_the_baseline_against_itself_passes_every_settings_guard():
+    result = evaluate("rmsnorm", "baseline", context_lengths=[64], time_budget_s=0.05, limits=LIMITS)
+    guards = {guard.name: guard.status for guard in result.guards}
+    assert guards["config"] == guards["protected-settings"] == guards["plausibility"] == "pass"
+
+
+def test_the_shipped_kernels_change_nothing_protected():
+    for name in ("rmsnorm", "dsa_indexer_topk"):
+        op = get_op(name)
+        kept = op.baseline_path.read_text()
+        for path in op.kernels().values():
+            assert protected.check(path.read_text(), kept)[0] == "pass", path

@@ -1,0 +1,317 @@
+"""Remote GPU hosts: the harness's sweep mode writes a results file; the app imports it
+(manage.py import_results, POST /api/theses/ID/results) as if workers had run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from research import selectors, workspace
+from research.api_tokens import api_token_create, api_token_revoke
+from research.models import ApiToken, Candidate, Event, Evidence, Measurement, Sweep, Thesis
+from runners import space
+from runners.harness import results_file
+from runners.ops import get_op
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+EVIDENCE = ROOT / "tests" / "fixtures" / "evidence" / "nsys_kern_sum.csv"
+
+
+@pytest.fixture(scope="module")
+def results_path(tmp_path_factory) -> Path:
+    """One real sweep on the CPU, 2 points with a tiny budget, shared by the tests here."""
+    out = tmp_path_factory.mktemp("remote") / "results.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.harness", "sweep", "rmsnorm", "blocked", "--strategy", "grid",
+         "--budget", "2", "--ctx", "64", "--batch", "1", "--time-budget", "0.05", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("2 candidates in ")
+    return out
+
+
+@pytest.fixture
+def thesis(make_thesis):
+    return make_thesis(context_lengths=[64], batch_sizes=[1])
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """What would go to open browsers: the messages published after commit."""
+    messages: list[dict] = []
+    monkeypatch.setattr("research.events.publish_sweep_event", messages.append)
+    return messages
+
+
+def _nothing_written() -> bool:
+    return not (Sweep.objects.exists() or Candidate.objects.exists() or Event.objects.exists()
+                or Measurement.objects.exists())
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write(tmp_path: Path, lines: list[dict]) -> Path:
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+# -- the harness's sweep mode ---------------------------------------------------------
+
+def test_the_sweep_subcommand_writes_a_header_then_one_evaluated_candidate_a_line(results_path):
+    parsed = results_file.read(results_path.read_bytes())
+    header = parsed.header
+    kernel_source = get_op("rmsnorm").kernels()["blocked"].read_text()
+    assert header["op"] == "rmsnorm" and header["kernel"] == "blocked" and header["strategy"] == "grid"
+    assert header["kernel_source"] == kernel_source and header["device"] == "cpu"
+    assert header["context_lengths"] == [64] and header["batch_sizes"] == [1]
+    assert header["baseline_kernel"] == "baseline"
+    assert header["baseline_source"] == get_op("rmsnorm").baseline_path.read_text()
+    assert header["harness"]["torch"]
+    points = space.grid_points(space.read_literals(kernel_source)[1])[:2]
+    assert [c.number for c in parsed.candidates] == [1, 2]
+    assert [c.params for c in parsed.candidates] == points
+    for candidate in parsed.candidates:
+        assert candidate.source == space.materialize(kernel_source, candidate.params)
+        assert candidate.result["correct"] is True and candidate.result["verdict"] in {"win", "no-gain"}
+        assert [w["name"] for w in candidate.result["workloads"]] == ["t=64,dtype=float32", "t=64,dtype=bfloat16"]
+
+
+def test_the_sweep_subcommand_never_overwrites_a_results_file(results_path):
+    before = results_path.read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.harness", "sweep", "rmsnorm", "blocked", "--budget", "1",
+         "--out", str(results_path)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "exists" in done.stderr
+    assert results_path.read_bytes() == before
+
+
+def test_a_prefix_left_by_a_crash_is_a_valid_file(results_path):
+    first_two = b"".join(results_path.read_bytes().splitlines(keepends=True)[:2])
+    assert len(results_file.read(first_two).candidates) == 1
+
+
+# -- importing --------------------------------------------------------------------------
+
+def test_the_command_imports_a_sweep_with_its_candidates_measurements_and_events(
+        results_path, thesis, user, published, capsys):
+    call_command("import_results", str(results_path), thesis=thesis.pk, user=user.username)
+    sweep = Sweep.objects.get()
+    assert f"imported 2 candidates as sweep {sweep.pk}" in capsys.readouterr().out
+    assert sweep.strategy == Sweep.Strategy.IMPORTED and sweep.status == Sweep.Status.FINISHED
+    assert sweep.thesis == thesis and sweep.started_by == user and sweep.kernel == "blocked"
+    assert (sweep.done, sweep.total) == (2, 2) and sweep.hardware == "cpu"
+    assert sweep.context.startswith("Imported results file sha256:")
+    lines = _lines(results_path)[1:]
+    for candidate, line in zip(sweep.candidates.all(), lines, strict=True):
+        assert candidate.status == Candidate.Status.DONE and candidate.proposed_by == "grid"
+        assert candidate.params == line["params"] and candidate.source == line["source"]
+        assert candidate.verdict == line["result"]["verdict"] and candidate.result == line["result"]
+        assert candidate.measurements.count() == 2 and candidate.guards.exists()
+        # Committed into the workspace as sweep_start does: its branch, forked from main.
+        assert workspace.branches("candidate/")[candidate.branch] == candidate.commit
+        assert workspace.read_file(candidate.commit, workspace.kept_path("rmsnorm")) == candidate.source
+        assert workspace.is_ancestor(sweep.base_commit, candidate.commit)
+    events = list(Event.objects.filter(sweep=sweep))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    types = [e.type for e in events]
+    assert types[0] == "sweep.created" and types[-1] == "sweep.finished"
+    assert types.count("candidate.result") == 2
+    # Open browsers got every stored event, in order; a reconnecting one is replayed them.
+    assert published == [e.as_message() for e in events]
+    assert selectors.sweep_events_after(sweep.pk, 0) == [e.as_message() for e in events]
+
+
+def test_importing_the_same_file_twice_is_refused_and_writes_nothing_more(results_path, thesis, user):
+    call_command("import_results", str(results_path), thesis=thesis.pk, user=user.username)
+    counts = (Sweep.objects.count(), Candidate.objects.count(), Event.objects.count())
+    with pytest.raises(CommandError) as error:
+        call_command("import_results", str(results_path), thesis=thesis.pk, user=user.username)
+    assert error.value.returncode == 2
+    assert f"already imported as sweep {Sweep.objects.get().pk}" in str(error.value)
+    assert (Sweep.objects.count(), Candidate.objects.count(), Event.objects.count()) == counts
+
+
+def _truncated(path: Path, tmp_path: Path) -> Path:
+    data = path.read_bytes()
+    cut = tmp_path / "truncated.jsonl"
+    cut.write_bytes(data[: len(data) - 200])
+    return cut
+
+
+def _wrong_op(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)
+    lines[0]["op"] = "dsa_indexer_topk"
+    return _write(tmp_path, lines)
+
+
+def _edited_source(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)
+    lines[2]["source"] += "\n# and something else\n"
+    return _write(tmp_path, lines)
+
+
+def _promoted_to_win(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)
+    lines[1]["result"]["verdict"] = "win"
+    return _write(tmp_path, lines)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_truncated, "line 3: not valid JSON"),
+    (_wrong_op, "line 2: candidate 1: the result's op 'rmsnorm' is not the header's 'dsa_indexer_topk'"),
+    (_edited_source, "line 3: candidate 2's source is not the kernel with PARAMS set to its params"),
+    (_promoted_to_win, "line 2: candidate 1: a 'win' needs a dispatch range"),
+])
+def test_a_bad_file_is_refused_naming_the_line_and_nothing_is_written(
+        results_path, thesis, user, tmp_path, edit, message):
+    with pytest.raises(CommandError) as error:
+        call_command("import_results", str(edit(results_path, tmp_path)), thesis=thesis.pk, user=user.username)
+    assert error.value.returncode == 2 and "\n" not in str(error.value)
+    assert message in str(error.value)
+    assert _nothing_written()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"op": "dsa_indexer_topk", "context_lengths": [], "batch_sizes": []},
+     "the results are for op 'rmsnorm'; thesis #{id} is about 'dsa_indexer_topk'"),
+    ({"required_dsl": "triton"}, "kernel 'blocked' is written in torch and was evaluated as torch; "
+                                 "thesis #{id} requires triton"),
+    ({"context_lengths": [64, 256]}, "the results cover workloads t=64,dtype=float32, t=64,dtype=bfloat16"),
+])
+def test_a_file_that_does_not_fit_the_thesis_is_refused(results_path, make_thesis, user, overrides, message):
+    other = make_thesis(**{"context_lengths": [64], "batch_sizes": [1], **overrides})
+    with pytest.raises(CommandError) as error:
+        call_command("import_results", str(results_path), thesis=other.pk, user=user.username)
+    assert error.value.returncode == 2
+    assert message.format(id=other.pk) in str(error.value)
+    assert _nothing_written()
+
+
+def test_results_timed_against_a_kernel_never_kept_are_refused(results_path, thesis, user, tmp_path):
+    lines = _lines(results_path)
+    lines[0]["baseline_source"] += "\n# a local edit\n"
+    with pytest.raises(CommandError, match="never the kept kernel on main"):
+        call_command("import_results", str(_write(tmp_path, lines)), thesis=thesis.pk, user=user.username)
+    assert _nothing_written()
+
+
+def test_the_command_refuses_an_unknown_thesis_or_user_in_one_line(results_path, thesis, user):
+    with pytest.raises(CommandError, match="no thesis 999999") as error:
+        call_command("import_results", str(results_path), thesis=999999, user=user.username)
+    assert error.value.returncode == 2
+    with pytest.raises(CommandError, match="no user 'nobody'"):
+        call_command("import_results", str(results_path), thesis=thesis.pk, user="nobody")
+
+
+# -- the JSON API -------------------------------------------------------------------------
+
+@pytest.fixture
+def token(user) -> str:
+    return api_token_create(user=user, name="h200-box")[1]
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_the_api_imports_a_results_file_and_serves_the_sweep(client, results_path, thesis, token, published):
+    url = f"/api/theses/{thesis.pk}/results"
+    response = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson",
+                           headers=_auth(token))
+    assert response.status_code == 201, response.content
+    body = response.json()
+    sweep = Sweep.objects.get()
+    assert body["id"] == sweep.pk and body["strategy"] == "imported" and body["status"] == "finished"
+    assert [c["number"] for c in body["candidates"]] == [1, 2]
+    assert body["candidates"][0]["branch"] == f"candidate/{sweep.pk}-1"
+    assert [m["type"] for m in published][-1] == "sweep.finished"
+    again = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson", headers=_auth(token))
+    assert again.status_code == 409 and again.json()["sweep"] == sweep.pk
+    assert Sweep.objects.count() == 1
+    fetched = client.get(f"/api/sweeps/{sweep.pk}", headers=_auth(token))
+    assert fetched.status_code == 200 and fetched.json()["total"] == 2
+    listed = client.get(f"/api/theses/{thesis.pk}", headers=_auth(token)).json()
+    assert [s["id"] for s in listed["sweeps"]] == [sweep.pk]
+
+
+def test_the_api_refuses_a_bad_results_file_with_422_naming_the_line(client, results_path, thesis, token, tmp_path):
+    response = client.post(f"/api/theses/{thesis.pk}/results",
+                           _truncated(results_path, tmp_path).read_bytes(),
+                           content_type="application/x-ndjson", headers=_auth(token))
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("line 3: not valid JSON")
+    assert _nothing_written()
+
+
+def test_a_missing_invalid_or_revoked_token_is_401(client, thesis, user, token):
+    url = f"/api/theses/{thesis.pk}"
+    assert client.get(url).status_code == 401
+    assert client.get(url, headers=_auth("kl_not-a-token")).status_code == 401
+    assert client.get(url, headers={"Authorization": f"Token {token}"}).status_code == 401
+    ok = client.get(url, headers=_auth(token))
+    assert ok.status_code == 200 and ok.json()["kept_kernel"]["name"]
+    row = ApiToken.objects.get()
+    assert row.last_used_at is not None and row.prefix == token[:11] and token not in row.key_hash
+    api_token_revoke(token=row, revoked_by=user)
+    assert client.get(url, headers=_auth(token)).status_code == 401
+    # A logged-in browser session is no API credential either.
+    client.force_login(user)
+    assert client.get(url).status_code == 401
+
+
+def test_a_script_files_a_thesis_with_evidence_through_the_api(client, token, user):
+    response = client.post("/api/theses", {
+        "title": "Fuse the norm", "idea": "The profile shows *two* passes.", "op": "rmsnorm",
+        "hardware": "h200", "required_dsl": "torch", "context_lengths": "2048, 8192",
+        "allowed_paths": "kernels/rmsnorm/kept.py\n", "evidence": EVIDENCE.open("rb"),
+    }, headers=_auth(token))
+    assert response.status_code == 201, response.content
+    body = response.json()
+    thesis = Thesis.objects.get()
+    assert body["id"] == thesis.pk and thesis.author == user
+    assert thesis.context_lengths == [2048, 8192] and thesis.allowed_paths == ["kernels/rmsnorm/kept.py"]
+    assert body["evidence"]["format"] == "nsys-csv" and body["evidence"]["summary"]["top_kernels"]
+    assert body["url"].endswith(reverse("thesis_detail", args=[thesis.pk]))
+
+
+def test_a_thesis_the_form_would_refuse_is_422_and_stores_nothing(client, token):
+    response = client.post("/api/theses", {
+        "title": "Bad", "idea": "x", "op": "rmsnorm", "hardware": "h200", "required_dsl": "torch",
+        "context_lengths": "20x",
+    }, headers=_auth(token))
+    assert response.status_code == 422
+    assert "context_lengths" in response.json()["errors"]
+    junk = client.post("/api/theses", {
+        "title": "Bad", "idea": "x", "op": "rmsnorm", "hardware": "h200", "required_dsl": "torch",
+        "evidence": SimpleUploadedFile("trace.json", b'{"traceEvents": [{"ph": "X", '),
+    }, headers=_auth(token))
+    assert junk.status_code == 422 and "evidence" in junk.json()["errors"]
+    assert not Thesis.objects.exists() and not Evidence.objects.exists()
+
+
+def test_the_openapi_schema_and_docs_are_served(client):
+    schema = client.get("/api/openapi.json").json()
+    assert {"/api/theses", "/api/theses/{thesis_id}", "/api/theses/{thesis_id}/results",
+            "/api/sweeps/{sweep_id}"} <= set(schema["paths"])
+    assert "multipart/form-data" in schema["paths"]["/api/theses"]["post"]["requestBody"]["content"]
+    docs = client.get("/api/docs")
+    assert docs.status_code == 200 and b"cdn" not in docs.content.lower()
+
+
+def test_create_api_token_prints_a_token_that_authenticates(client, user, thesis, capsys):
+    call_command("create_api_token", user.username, "ci-runner")
+    token = capsys.readouterr().out.strip()
+    assert ApiToken.objects.get().name == "ci-runner"
+    assert client.get(f"/api/theses/{thesis.pk}", headers=_auth(token)).status_code == 200

@@ -1,0 +1,303 @@
+"""The shipped CuTe DSL kernels: every SPACE point compiles for Hopper, here on the CPU.
+
+CuTe DSL compiles without a GPU (CUTE_DSL_ARCH=sm_90a) but cannot launch without one.
+So on a machine with no GPU, every point is compiled and its PTX checked, and the
+launch is shown to fail for the one expected reason: no CUDA driver or device. On a
+machine with a GPU the same test launches every point and checks its output.
+
+Each kernel's work runs in one child process with the environment a candidate's child
+gets (`child_environment("cute", ...)`): CuTe DSL reads its target when first imported.
+Two kernels ship: rmsnorm's rows_cute and the indexer's logits_topk_cute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners.harness.dsl import child_environment, kernel_dsl, static_check
+from runners.ops import get_op, list_ops
+from runners.space import grid_points, read_literals
+
+import cutlass.cute  # noqa: F401,E402 — a dependency: its absence must fail, not skip
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = get_op("rmsnorm").kernels()["rows_cute"]
+ON_GPU = torch.cuda.is_available()
+# What a launch without a GPU fails with: no driver at all, or a driver and no device.
+NO_GPU_ERRORS = ("cudaErrorInsufficientDriver", "cudaErrorNoDevice")
+
+CHILD = textwrap.dedent("""
+    import importlib.util, json, re, sys
+    from pathlib import Path
+
+    import torch
+
+    from runners.harness.dsl import launch_counter
+    from runners.ops import get_op
+    from runners.space import grid_points, materialize, read_literals
+    from tests.kernel_checks import check_failures
+
+    path, scratch = Path(sys.argv[1]), Path(sys.argv[2])
+    source, op, on_gpu = path.read_text(), get_op("rmsnorm"), torch.cuda.is_available()
+
+    def load(text, name):
+        candidate = scratch / f"{name}.py"
+        candidate.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, candidate)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def failures(module):
+        return check_failures(op, module.forward, op.workloads("cuda", [37, 1000], [1]), (11, 12))
+
+    points = {}
+    for index, point in enumerate(grid_points(read_literals(source)[1])):
+        module = load(materialize(source, point), f"point{index}")
+        compiled = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            vec = module._vector(1024)
+            ptx = module.compiled(dtype, 37, 1024, point["threads"], vec).artifacts.PTX
+            compiled[str(dtype)] = {"targets": re.findall(r"[.]target (\\S+)", ptx),
+                                    "wide_loads": ptx.count("ld.global.v4")}
+        key = ",".join(f"{name}={value}" for name, value in point.items())
+        points[key] = {"compiled": compiled, "failures": failures(module) if on_gpu else None}
+
+    module = load(source, "launched")
+    device = "cuda" if on_gpu else "cpu"
+    x = torch.randn(37, 1024, device=device)
+    with launch_counter("cute") as launches:
+        try:
+            module.forward(x, torch.ones(1024, device=device), 1e-6)
+            error = None
+        except Exception as failure:
+            error = {"type": type(failure).__name__, "message": str(failure)}
+    launch = {"count": launches.count, "compiles": launches.compiles, "error": error}
+    print(json.dumps({"points": points, "launch": launch}))
+""")
+
+
+def _run_child(script, kernel, scratch, timeout):
+    env = {
+        **os.environ,
+        **child_environment("cute", "cuda" if ON_GPU else "cpu", scratch),
+        # Keep each compile's PTX (written under CUTE_DSL_DUMP_DIR) to read its target.
+        "CUTE_DSL_KEEP": "ptx",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(kernel), str(scratch)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    return _run_child(CHILD, KERNEL, tmp_path_factory.mktemp("cute-points"), 240)
+
+
+def _labels(kernel=KERNEL):
+    for point in grid_points(read_literals(kernel.read_text())[1]):
+        yield ",".join(f"{key}={value}" for key, value in point.items())
+
+
+@pytest.mark.parametrize("label", list(_labels()))
+def test_every_space_point_compiles_for_the_target_and_is_correct_where_it_can_run(child, label):
+    point = child["points"][label]
+    for dtype, compiled in point["compiled"].items():
+        if not ON_GPU:
+            assert compiled["targets"] == ["sm_90a"], dtype
+        # Wider vectors must really become 128-bit loads, not be scalarised.
+        vec = int(label.split("vec=")[1])
+        assert compiled["wide_loads"] > 0 or vec * (4 if "float32" in dtype else 2) < 16, dtype
+    if ON_GPU:
+        assert point["failures"] == []
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+def test_without_a_gpu_the_launch_fails_for_want_of_one_and_counts_no_launch(child):
+    launch = child["launch"]
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    assert (launch["compiles"], launch["count"]) == (1, 0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_forward_compiles_once_and_launches_once(child):
+    assert child["launch"] == {"count": 1, "compiles": 1, "error": None}
+
+
+def test_the_static_check_finds_the_launched_cute_kernel():
+    status, detail = static_check(KERNEL.read_text(), "cute")
+    assert (status, detail) == ("pass", "forward launches @cute.kernel _rmsnorm_row (forward → compiled → _launch)")
+
+
+# --- the indexer: logits_topk_cute ----------------------------------------------------
+
+INDEXER = get_op("dsa_indexer_topk").kernels()["logits_topk_cute"]
+
+INDEXER_CHILD = textwrap.dedent("""
+    import importlib.util, json, re, sys
+    from pathlib import Path
+
+    import torch
+
+    from runners.harness.dsl import launch_counter, torch_compute
+    from runners.ops import get_op
+    from runners.space import grid_points, materialize, read_literals
+    from tests.kernel_checks import DISTRIBUTIONS, check_failures
+
+    path, scratch = Path(sys.argv[1]), Path(sys.argv[2])
+    source, op, on_gpu = path.read_text(), get_op("dsa_indexer_topk"), torch.cuda.is_available()
+    # The model's heads and head size; 3 query rows leave a partial group of rows, 5000
+    # tokens a partial key tile and uneven spans per CTA.
+    workloads = op.workloads("cuda", [2048, 5000], [3, 64])
+
+    def load(text, name):
+        candidate = scratch / f"{name}.py"
+        candidate.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, candidate)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def ptx_facts(kernel):
+        ptx = kernel.artifacts.PTX
+        return {
+            "targets": re.findall(r"[.]target (\\S+)", ptx),
+            "wgmma": sorted(set(re.findall(
+                r"wgmma[.]mma_async[.]sync[.]aligned[.](m\\d+n\\d+k\\d+)[.]f32[.]bf16[.]bf16", ptx))),
+            "tma_loads": ptx.count("cp.async.bulk.tensor"),
+            "smem_atomics": ptx.count("atom.shared.add"),
+            "ballots": ptx.count("vote.sync.ballot"),
+        }
+
+    def float32_failures(module):
+        # float32 inputs take their own path and the tight float32 tolerance.
+        found = []
+        for workload in workloads:
+            for distribution in DISTRIBUTIONS:
+                inputs = {name: value.float() if torch.is_tensor(value) else value
+                          for name, value in op.make_inputs(workload, 13, distribution).items()}
+                correct, detail = op.check(module.forward(*inputs.values()), op.reference(inputs), inputs)
+                if not correct:
+                    found.append(f"{workload.name} float32 {distribution}: {detail}")
+        return found
+
+    def repeats_differ(module):
+        inputs = op.make_inputs(workloads[-1], 14, "uniform_outliers")
+        return not torch.equal(module.forward(*inputs.values()), module.forward(*inputs.values()))
+
+    points = {}
+    for index, point in enumerate(grid_points(read_literals(source)[1])):
+        module = load(materialize(source, point), f"point{index}")
+        scores = module.compiled_scores_mma(
+            torch.bfloat16, 64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132)
+        select = module.compiled_select(64, 5000, 8, 2048, point["SELECT_THREADS"])
+        key = ",".join(f"{name}={value}" for name, value in point.items())
+        points[key] = {"scores": ptx_facts(scores), "select": ptx_facts(select),
+                       "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
+
+    module = load(source, "shipped")
+    simt = ptx_facts(module.compiled_scores_simt(64, 64, 128, 5000, 132))
+    gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module)}
+           if on_gpu else None)
+
+    module = load(source, "launched")
+    device = "cuda" if on_gpu else "cpu"
+    q = torch.randn(3, 64, 128, device=device).bfloat16()
+    k = torch.randn(5000, 128, device=device).bfloat16()
+    weights = torch.randn(3, 64, device=device)
+    with launch_counter("cute") as launches:
+        try:
+            module.forward(q, k, weights, 2048)
+            error = None
+        except Exception as failure:
+            error = {"type": type(failure).__name__, "message": str(failure)}
+    launch = {"count": launches.count, "compiles": launches.compiles, "error": error,
+              "torch_compute": dict(torch_compute(launches.torch_ops))}
+    print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch}))
+""")
+
+
+@pytest.fixture(scope="module")
+def indexer_child(tmp_path_factory):
+    # On a GPU every point is checked on 4 shapes, each compiled anew: allow for that.
+    return _run_child(INDEXER_CHILD, INDEXER, tmp_path_factory.mktemp("cute-indexer"), 600)
+
+
+@pytest.mark.parametrize("label", list(_labels(INDEXER)))
+def test_every_indexer_space_point_compiles_to_wgmma_fed_by_tma(indexer_child, label):
+    point = indexer_child["points"][label]
+    scores, select = point["scores"], point["select"]
+    if not ON_GPU:
+        assert scores["targets"] == select["targets"] == ["sm_90a"]
+    # bfloat16 in, float32 accumulated; the MMA's N is ROWS query rows of 64 heads.
+    rows = int(label.split("ROWS=")[1].split(",")[0])
+    assert scores["wgmma"] == [f"m64n{64 * rows}k16"]
+    assert scores["tma_loads"] > 0
+    # The select's first digit, counted in shared memory as the scores are made.
+    assert scores["smem_atomics"] > 0
+    # The later digits counted in shared memory; slots handed out in token order by ballots.
+    assert select["wgmma"] == [] and select["smem_atomics"] > 0 and select["ballots"] > 0
+    if ON_GPU:
+        assert point["failures"] == []
+
+
+def test_the_indexer_float32_scores_compile_for_the_target_off_the_tensor_cores(indexer_child):
+    simt = indexer_child["simt"]
+    if not ON_GPU:
+        assert simt["targets"] == ["sm_90a"]
+    # wgmma would round float32 inputs to TF32, too coarse for float32's tolerance.
+    assert simt["wgmma"] == [] and simt["tma_loads"] == 0 and simt["smem_atomics"] > 0
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_indexer_is_right_in_float32_and_deterministic(indexer_child):
+    assert indexer_child["gpu"] == {"float32_failures": [], "repeats_differ": False}
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+def test_without_a_gpu_the_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(indexer_child):
+    launch = indexer_child["launch"]
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    # The scores kernel compiled, then its launch failed before the select's turn.
+    assert (launch["compiles"], launch["count"], launch["torch_compute"]) == (1, 0, {})
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_indexer_forward_launches_its_two_kernels_and_no_torch_compute(indexer_child):
+    assert indexer_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
+
+
+def test_the_static_check_finds_the_launched_indexer_kernels():
+    status, detail = static_check(INDEXER.read_text(), "cute")
+    assert status == "pass", detail
+    assert detail.startswith("forward launches @cute.kernel _")
+
+
+def _torch_files():
+    for op_name in list_ops():
+        op = get_op(op_name)
+        yield op.baseline_path
+        yield from (path for path in op.kernels().values() if kernel_dsl(path) == "torch")
+
+
+@pytest.mark.parametrize("path", list(_torch_files()), ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_torch_kernels_fail_the_cute_check(path):
+    status, detail = static_check(path.read_text(), "cute")
+    assert status == "fail"
+    assert "does not import cutlass.cute" in detail

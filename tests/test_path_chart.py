@@ -1,0 +1,88 @@
+"""The keep/revert path: the figure (a pure function) and the points it is drawn from."""
+
+from __future__ import annotations
+
+import pytest
+
+from reviews import selectors
+from reviews.charts import GREY, WIN_COLOUR, path_figure
+from reviews.services import candidate_keep, candidate_revert
+from tests.reviewing import make_thesis, record, recorded_result, start_sweep
+from tests.reviewing import no_enqueue, people, workspace_dir  # noqa: F401  (fixtures)
+
+
+def _point(x, y, state, op="rmsnorm", label="blocked block_rows=256"):
+    return {"x": x, "y": y, "op": op, "state": state, "label": label, "candidate": f"1-{x}",
+            "thesis": "t", "speedup": y, "when": "2026-01-01T00:00:00", "url": f"/candidates/{x}/"}
+
+
+def _trace(figure, name):
+    return next(t for t in figure["data"] if t["name"] == name)
+
+
+def test_kept_candidates_are_highlighted_and_labelled_and_the_rest_are_grey():
+    figure = path_figure([
+        _point(1, 1.10, "no-gain"), _point(2, None, "rejected"), _point(3, 1.40, "kept"),
+        _point(4, 1.30, "reverted"), _point(5, 1.45, "waiting"),
+    ])
+    kept = _trace(figure, "kept")
+    assert kept["x"] == [3] and kept["y"] == [1.40]
+    assert kept["marker"]["color"] == WIN_COLOUR and kept["mode"] == "markers+text"
+    assert kept["text"] == ["1-3: blocked block_rows=256"]
+    for name in ("rejected", "no gain", "reverted"):
+        assert _trace(figure, name)["marker"]["color"] == GREY
+    # Never timed: drawn on the axis, and said so on hover.
+    rejected = _trace(figure, "rejected")
+    assert rejected["y"] == [0] and rejected["customdata"][0][6] == "not timed"
+    assert _trace(figure, "awaiting review")["x"] == [5]
+    # Every point links to its candidate: the URL is first in its customdata.
+    assert kept["customdata"][0][0] == "/candidates/3/"
+
+
+def test_the_running_best_steps_only_at_kept_candidates():
+    figure = path_figure([
+        _point(1, 1.2, "no-gain"), _point(2, 1.3, "kept"), _point(3, 1.9, "reverted"),
+        _point(4, 1.6, "kept"), _point(5, 1.5, "kept"), _point(6, 1.1, "rejected"),
+    ])
+    best = _trace(figure, "running best")
+    assert best["line"]["shape"] == "hv"
+    assert best["x"] == [1, 2, 4, 5, 6] and best["y"] == [1.0, 1.3, 1.6, 1.6, 1.6]
+
+
+def test_the_team_chart_has_a_running_best_per_op():
+    figure = path_figure([_point(1, 1.2, "kept"), _point(2, 1.5, "kept", op="dsa_indexer_topk")])
+    names = [t["name"] for t in figure["data"]]
+    assert "running best (rmsnorm)" in names and "running best (dsa_indexer_topk)" in names
+
+
+def test_an_empty_path_has_no_traces():
+    assert path_figure([])["data"] == []
+
+
+def test_points_follow_the_result_order_and_compound_kept_wins(people, workspace_dir, no_enqueue):
+    thesis = make_thesis(people.author)
+    first = start_sweep(thesis, people.producer, budget=2)
+    kept = record(first.candidates.get(number=1), recorded_result((1.5, 1.5, 1.5, 1.5)))
+    reverted = record(first.candidates.get(number=2), recorded_result((1.2, 1.2, 1.2, 1.2)))
+    candidate_keep(candidate=kept, reviewer=people.reviewer, commit=kept.commit)
+    candidate_revert(candidate=reverted, reviewer=people.reviewer, commit=reverted.commit)
+    # Started after the keep: timed against the kept kernel, so its 1.1× compounds to 1.65×.
+    later = record(start_sweep(thesis, people.producer, budget=1).candidates.get(),
+                   recorded_result((1.1, 1.1, 1.1, 1.1)))
+
+    points = selectors.path_points(thesis_id=thesis.pk)
+    assert [(p["x"], p["candidate"], p["state"]) for p in points] == [
+        (1, kept.label, "kept"), (2, reverted.label, "reverted"), (3, later.label, "waiting")]
+    assert [p["y"] for p in points] == pytest.approx([1.5, 1.2, 1.65])
+    assert points[0]["label"].startswith("blocked block_rows=") and points[0]["url"] == kept.get_absolute_url()
+    assert selectors.path_points(op="dsa_indexer_topk") == []
+
+
+def test_the_thesis_op_and_team_pages_embed_the_path(client, people, workspace_dir, no_enqueue):
+    thesis = make_thesis(people.author)
+    record(start_sweep(thesis, people.producer, budget=1).candidates.get(), recorded_result())
+    client.force_login(people.reviewer)
+    for url in (thesis.get_absolute_url(), "/ops/rmsnorm/", "/path/"):
+        html = client.get(url).content.decode()
+        assert 'id="path-figure"' in html and "data-links" in html, url
+    assert client.get("/ops/nope/").status_code == 404

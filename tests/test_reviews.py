@@ -1,0 +1,279 @@
+"""Keep or revert: four eyes, revisions, the merge into the workspace, the queue, the page."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+
+from research import services as research_services
+from research import workspace
+from reviews import selectors, services
+from reviews.models import Review
+from tests.reviewing import make_reviewer, make_thesis, record, recorded_result, start_sweep
+from tests.reviewing import no_enqueue, people, waiting_win, workspace_dir  # noqa: F401  (fixtures)
+
+
+def _decide(client, user, candidate, *, htmx: bool = False, **fields):
+    client.force_login(user)
+    data = {"decision": "keep", "commit": candidate.commit, "comment": "", **fields}
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    return client.post(reverse("candidate_decide", args=[candidate.pk]), data, **headers)
+
+
+# -- four eyes and permissions -------------------------------------------------------
+
+def test_the_thesis_author_is_refused_with_403_and_nothing_is_merged(client, people, waiting_win):
+    people.author.user_permissions.add(*people.reviewer.user_permissions.all())
+    main = workspace.main_head()
+    response = _decide(client, people.author, waiting_win)
+    assert response.status_code == 403
+    assert "you filed this candidate" in response.content.decode()
+    assert not Review.objects.exists() and workspace.main_head() == main
+
+
+def test_whoever_produced_the_candidate_may_not_approve_it(people, waiting_win):
+    people.producer.user_permissions.add(*people.reviewer.user_permissions.all())
+    producer = type(people.producer).objects.get(pk=people.producer.pk)
+    with pytest.raises(PermissionDenied, match="you produced this candidate"):
+        services.candidate_keep(candidate=waiting_win, reviewer=producer, commit=waiting_win.commit)
+    assert not Review.objects.exists()
+
+
+def test_a_person_without_the_decide_permission_gets_403(client, people, waiting_win):
+    response = _decide(client, people.outsider, waiting_win, decision="revert")
+    assert response.status_code == 403 and not Review.objects.exists()
+
+
+@pytest.mark.parametrize("who", ["author", "producer"])
+def test_the_database_itself_refuses_a_review_by_the_author_or_the_producer(people, waiting_win, who):
+    person = getattr(people, who)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        # Straight to the ORM, past the service: the check constraints hold on their own.
+        Review.objects.create(candidate=waiting_win, commit=waiting_win.commit, revision=1,
+                              decision="keep", reviewer=person, author=people.author,
+                              producer=people.producer)
+
+
+# -- revisions -----------------------------------------------------------------------
+
+def test_an_approval_of_a_stale_revision_is_refused(client, people, waiting_win):
+    seen = waiting_win.commit
+    revised = research_services.candidate_revise(
+        candidate=waiting_win, source=waiting_win.source + "\n# amended by the agent\n",
+        revised_by=people.producer, message="amend")
+    assert revised.revision == 2 and revised.commit != seen
+    assert workspace.commit_info(revised.commit)["parents"] == [seen]
+    record(revised, recorded_result())
+
+    response = _decide(client, people.reviewer, revised, commit=seen)
+    assert response.status_code == 409 and "new revision" in response.content.decode()
+    assert not Review.objects.exists()
+    # The reviewer who reads the new revision can keep it.
+    assert _decide(client, people.reviewer, revised).status_code == 302
+    assert Review.objects.get().commit == revised.commit
+
+
+def test_a_new_revision_dismisses_an_earlier_decision_and_waits_again(people, waiting_win):
+    services.candidate_revert(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit)
+    assert waiting_win not in selectors.review_queue()
+    revised = research_services.candidate_revise(
+        candidate=waiting_win, source=waiting_win.source.replace('"upcast": "full"', '"upcast": "normalize_only"'),
+        revised_by=people.author)
+    # It is evaluated afresh before anyone decides on it again.
+    assert revised.status == "queued" and revised.verdict == "" and not revised.measurements.exists()
+    record(revised, recorded_result())
+    assert list(selectors.review_queue()) == [revised]
+    assert selectors.candidate_decision(revised) is None
+    assert workspace.branches()[revised.branch] == revised.commit  # the live branch is back
+
+
+def test_only_the_producer_or_the_author_may_revise(people, waiting_win):
+    with pytest.raises(PermissionDenied):
+        research_services.candidate_revise(candidate=waiting_win, source="x = 1\n", revised_by=people.reviewer)
+
+
+# -- keep and revert in the workspace --------------------------------------------------
+
+def test_keeping_merges_the_branch_into_main_with_the_author_the_trailer_and_the_dispatch_range(
+        client, people, waiting_win):
+    base = workspace.main_head()
+    response = _decide(client, people.reviewer, waiting_win, comment="Checked the bf16 rows.",
+                       dispatch_min="64", dispatch_max="128")
+    assert response.status_code == 302
+
+    review = Review.objects.get()
+    assert (review.decision, review.reviewer, review.commit) == ("keep", people.reviewer, waiting_win.commit)
+    merge = workspace.commit_info(workspace.main_head())
+    assert merge["sha"] == review.merge_commit
+    assert merge["parents"] == [base, waiting_win.commit]
+    assert (merge["author"], merge["author_email"]) == ("Ada Lovelace", "ada@example.com")
+    assert (merge["committer"], merge["committer_email"]) == ("Grace Reviewer", "grace@example.com")
+    assert merge["message"].rstrip().endswith("Reviewed-by: Grace Reviewer <grace@example.com>")
+    assert "Checked the bf16 rows." in merge["message"]
+
+    assert workspace.read_file("main", "kernels/rmsnorm/kept.py") == waiting_win.source
+    entry, baseline = json.loads(workspace.read_file(review.merge_commit, "dispatch.json"))["rmsnorm"]
+    assert entry["commit"] == waiting_win.commit and entry["candidate"] == waiting_win.label
+    assert (entry["axis"], entry["min"], entry["max"]) == ("tokens", 64, 128)
+    assert entry["reviewer"] == "grace" and entry["author"] == "ada"
+    assert baseline["kernel"] == "baseline"
+    assert waiting_win not in selectors.review_queue()
+
+
+def test_keeping_with_the_proposed_range_records_it(people, waiting_win):
+    proposed = waiting_win.result["dispatch"]
+    review = services.candidate_keep(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit,
+                                     dispatch_min=proposed["min"], dispatch_max=proposed["max"])
+    assert (review.dispatch_axis, review.dispatch_min, review.dispatch_max) == ("tokens", 64, 64)
+    with pytest.raises(ValidationError, match="already decided"):
+        services.candidate_revert(candidate=waiting_win, reviewer=make_reviewer("linus"),
+                                  commit=waiting_win.commit)
+
+
+def test_a_range_that_ends_before_it_starts_is_refused(people, waiting_win):
+    with pytest.raises(ValidationError) as error:
+        services.candidate_keep(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit,
+                                dispatch_min=256, dispatch_max=64)
+    assert "dispatch_max" in error.value.message_dict and not Review.objects.exists()
+
+
+def test_reverting_archives_the_branch_and_leaves_main_alone(people, waiting_win):
+    main = workspace.main_head()
+    review = services.candidate_revert(candidate=waiting_win, reviewer=people.reviewer,
+                                       commit=waiting_win.commit, comment="Wins only at 64 tokens.")
+    sweep = waiting_win.sweep
+    archived = f"archive/{sweep.pk}-1-r1"
+    branches = workspace.branches()
+    assert review.archived_branch == archived and branches[archived] == waiting_win.commit
+    assert f"candidate/{sweep.pk}-1" not in branches
+    assert workspace.main_head() == main
+    waiting_win.refresh_from_db()
+    assert waiting_win.branch == archived
+
+
+def test_a_second_win_measured_against_a_kernel_no_longer_kept_cannot_be_merged(people, waiting_win):
+    second = record(waiting_win.sweep.candidates.get(number=2), recorded_result())
+    services.candidate_keep(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit)
+    main = workspace.main_head()
+    with pytest.raises(ValidationError) as error:
+        services.candidate_keep(candidate=second, reviewer=people.reviewer, commit=second.commit)
+    assert error.value.code == "conflict" and "no longer kept" in error.value.message
+    assert workspace.main_head() == main and Review.objects.count() == 1
+
+
+def test_a_decision_writes_its_webhook_delivery_in_the_same_transaction(people, waiting_win):
+    from webhooks.models import Delivery
+    from webhooks.services import endpoint_create
+
+    endpoint_create(owner=people.reviewer, url="https://hooks.example.com/kernel-lab",
+                    events=["candidate.kept", "candidate.reverted"])
+    review = services.candidate_keep(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit,
+                                     comment="ship it", dispatch_min=64, dispatch_max=64)
+    delivery = Delivery.objects.get()
+    assert delivery.event_type == "candidate.kept"
+    data = delivery.payload
+    assert data["candidate"]["id"] == waiting_win.pk and data["candidate"]["op"] == "rmsnorm"
+    assert data["reviewer"] == "grace" and data["comment"] == "ship it"
+    details = data["details"]
+    assert details["thesis"]["title"] == "Blocked rmsnorm stays in cache" and details["author"] == "ada"
+    assert details["commit"] == waiting_win.commit and details["merge_commit"] == review.merge_commit
+    assert details["dispatch_range"] == {"axis": "tokens", "min": 64, "max": 64}
+    assert data["candidate"]["geomean_speedup"] == pytest.approx(waiting_win.geomean_speedup)
+
+
+# -- the queue -------------------------------------------------------------------------
+
+def test_the_queue_holds_undecided_wins_oldest_first_and_filters_them(people, workspace_dir, no_enqueue):
+    first_thesis = make_thesis(people.author)
+    other_author = make_reviewer("hedy")
+    second_thesis = make_thesis(other_author, title="Indexer chunks", op="dsa_indexer_topk",
+                                context_lengths=[4096], batch_sizes=[1])
+    older = record(start_sweep(first_thesis, people.producer, budget=1).candidates.get(), recorded_result())
+    losing = start_sweep(first_thesis, people.producer, budget=1).candidates.get()
+    record(losing, recorded_result((1.0, 1.0, 1.0, 1.0)))
+    indexer = start_sweep(second_thesis, people.producer, budget=1, kernel="chunked_topk").candidates.get()
+    newer = record(indexer, {**recorded_result((1.4,), names=["ctx=4096,m=1"], dispatch=None),
+                             "op": "dsa_indexer_topk"})
+
+    assert list(selectors.review_queue()) == [older, newer]
+    assert list(selectors.review_queue(op="dsa_indexer_topk")) == [newer]
+    assert list(selectors.review_queue(author=people.author.pk)) == [older]
+    assert list(selectors.review_queue(thesis=second_thesis.pk)) == [newer]
+    assert list(selectors.review_queue(hardware="h100")) == []
+    assert selectors.review_queue_count() == 2
+
+
+def test_the_queue_page_and_its_htmx_fragment_follow_the_filters(client, people, waiting_win):
+    client.force_login(people.reviewer)
+    page = client.get(reverse("review_queue"))
+    assert page.status_code == 200 and b"<html" in page.content
+    assert f'id="queue-{waiting_win.pk}"'.encode() in page.content
+    assert b'id="review-count"' in page.content and b">1</span>" in page.content
+
+    fragment = client.get(reverse("review_queue"), {"op": "dsa_indexer_topk"}, HTTP_HX_REQUEST="true")
+    assert b"<html" not in fragment.content and b'id="queue-list"' in fragment.content
+    assert b"Nothing waits" in fragment.content
+
+
+# -- the review page ---------------------------------------------------------------------
+
+def test_the_review_page_shows_the_evidence_a_reviewer_needs(client, people, waiting_win):
+    client.force_login(people.reviewer)
+    html = client.get(waiting_win.get_absolute_url()).content.decode()
+    # The git diff against the kept kernel, highlighted, with line numbers.
+    assert 'class="diff code"' in html and 'data-path="kernels/rmsnorm/kept.py"' in html
+    assert '<tr class="add">' in html and '<span class="k">def</span>' in html
+    # This candidate's own commit: only its PARAMS values against the sweep's kernel.
+    assert "This commit alone" in html
+    # Curves with confidence bands, the dispatch range shaded.
+    latency = json.loads(html.split('id="latency-figure" type="application/json">')[1].split("</script>")[0])
+    assert any(t.get("fill") == "tonexty" for t in latency["data"])
+    speedup = json.loads(html.split('id="speedup-figure" type="application/json">')[1].split("</script>")[0])
+    assert speedup["layout"]["shapes"][0]["type"] == "rect"
+    # Guards, the warning before the passes; the end-to-end delta; the roofline.
+    guards = html.split('id="guards"')[1]
+    assert guards.index("cache-state") < guards.index("correctness")
+    assert "not measured" in html.split('id="e2e"')[1].split("</section>")[0]
+    assert 'class="num roofline">6%' in html  # 1.3 µs floor / 23 µs
+    # The thesis's idea (rendered), the op's kept history, the decision form.
+    assert "<strong>blocks</strong>" in html and 'id="history"' in html
+    assert 'id="decision-form"' in html and f'value="{waiting_win.commit}"' in html
+
+
+def test_the_author_sees_why_they_cannot_decide(client, people, waiting_win):
+    client.force_login(people.author)
+    html = client.get(waiting_win.get_absolute_url()).content.decode()
+    assert 'id="decision-form"' not in html and "You filed this thesis" in html
+
+
+def test_an_htmx_decision_answers_with_the_decision_fragment(client, people, waiting_win):
+    response = _decide(client, people.reviewer, waiting_win, htmx=True, decision="revert", comment="noise")
+    assert response.status_code == 200 and b"<html" not in response.content
+    assert b"Reverted" in response.content and b"archive/" in response.content
+
+
+def test_an_end_to_end_delta_is_shown_when_measured(client, people, workspace_dir, no_enqueue):
+    sweep = start_sweep(make_thesis(people.author), people.producer, budget=1)
+    candidate = record(sweep.candidates.get(), recorded_result(
+        e2e={"baseline_ms": 12.0, "candidate_ms": 11.4, "delta_pct": -5.0}))
+    client.force_login(people.reviewer)
+    e2e = client.get(candidate.get_absolute_url()).content.decode().split('id="e2e"')[1].split("</section>")[0]
+    assert "-5.00 %" in e2e and "12.000 ms → 11.400 ms" in e2e
+
+
+def test_a_win_that_needs_scrutiny_shows_that_flag_before_everything_else(
+        client, people, workspace_dir, no_enqueue):
+    sweep = start_sweep(make_thesis(people.author), people.producer, budget=1)
+    result = recorded_result(speedups=(14.0, 1.24, 1.02, 0.99))
+    result["guards"].append({"name": "plausibility", "status": "warn",
+                             "detail": "needs scrutiny: more than 10x faster than the baseline "
+                                       "(t=64,dtype=float32 14.0x)"})
+    result["guards"].append({"name": "e2e", "status": "fail", "detail": "slower end to end"})
+    candidate = record(sweep.candidates.get(), result)
+    client.force_login(people.reviewer)
+    guards = client.get(candidate.get_absolute_url()).content.decode().split('id="guards"')[1]
+    assert guards.index("needs scrutiny") < guards.index("slower end to end") < guards.index("cache-state")

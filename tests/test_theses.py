@@ -1,0 +1,160 @@
+"""Filing theses: the service's validation, and the form with and without htmx."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from research import services
+from research.models import Evidence, Thesis
+
+pytestmark = pytest.mark.django_db
+
+NSYS_CSV = (
+    b'"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"\n'
+    b'"70.0","7000000","10","700000.0","700000.0","690000","710000","5000.0","sm90_xmma_gemm_bf16bf16_bf16f32"\n'
+    b'"30.0","3000000","10","300000.0","300000.0","290000","310000","5000.0","vectorized_elementwise_kernel<relu>"\n'
+)
+
+
+def _form(**overrides):
+    data = {
+        "title": "Pipeline the indexer over chunks",
+        "idea": "Reduce top-k **incrementally** instead of one final merge.",
+        "op": "dsa_indexer_topk",
+        "hardware": "cpu",
+        "model_context": "deepseek-v3.2",
+        "required_dsl": "torch",
+        "allowed_paths": "kernels/dsa_indexer_topk/\n",
+        "forbidden_changes": "tolerances",
+        "context_lengths": "2048, 8192",
+        "batch_sizes": "4",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_it_files_a_thesis_with_the_ops_default_workloads(user):
+    thesis = services.thesis_submit(
+        author=user, title="t", idea="i", op="rmsnorm", hardware="cpu", required_dsl="torch"
+    )
+    assert thesis.context_lengths and thesis.batch_sizes
+    assert thesis.evidence is None
+
+
+def test_it_rejects_an_unknown_op_and_stores_nothing(user):
+    with pytest.raises(ValidationError) as error:
+        services.thesis_submit(author=user, title="t", idea="i", op="softmax9", hardware="cpu",
+                               required_dsl="torch")
+    assert "unknown op" in str(error.value.message_dict["op"])
+    assert not Thesis.objects.exists()
+
+
+@pytest.mark.parametrize("lengths", [[0], [10**9], list(range(1, 200))])
+def test_it_rejects_absurd_workloads(user, lengths):
+    with pytest.raises(ValidationError) as error:
+        services.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
+                               required_dsl="torch", context_lengths=lengths, batch_sizes=[1])
+    assert error.value.message_dict["context_lengths"]
+    assert not Thesis.objects.exists()
+
+
+def test_it_refuses_allowed_paths_that_leave_the_workspace(user):
+    with pytest.raises(ValidationError) as error:
+        services.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
+                               required_dsl="torch", allowed_paths=["../../etc/passwd"])
+    assert "relative path" in str(error.value.message_dict["allowed_paths"])
+
+
+def test_malformed_evidence_leaves_neither_evidence_nor_thesis(user):
+    with pytest.raises(ValidationError) as error:
+        services.thesis_submit(
+            author=user, title="t", idea="i", op="rmsnorm", hardware="cpu", required_dsl="torch",
+            evidence=services.Upload(name="trace.json", data=b'{"traceEvents": [{"ph": "X", '),
+        )
+    assert error.value.message_dict["evidence"]
+    assert not Evidence.objects.exists() and not Thesis.objects.exists()
+
+
+def test_the_form_needs_a_login(client):
+    response = client.get(reverse("thesis_new"))
+    assert response.status_code == 302 and reverse("login") in response["Location"]
+
+
+def test_the_form_page_renders_in_full_without_htmx(logged_in_client):
+    response = logged_in_client.get(reverse("thesis_new"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<html" in html and 'id="thesis-form"' in html and "dsa_indexer_topk" in html
+
+
+def test_a_plain_post_files_the_thesis_and_redirects_to_it(logged_in_client):
+    evidence = SimpleUploadedFile("kern_sum.csv", NSYS_CSV, content_type="text/csv")
+    response = logged_in_client.post(reverse("thesis_new"), {**_form(), "evidence": evidence})
+    thesis = Thesis.objects.get()
+    assert response.status_code == 302 and response["Location"] == thesis.get_absolute_url()
+    assert thesis.context_lengths == [2048, 8192] and thesis.batch_sizes == [4]
+    assert thesis.allowed_paths == ["kernels/dsa_indexer_topk"]
+    assert thesis.evidence.format == "nsys-csv"
+
+
+def test_an_htmx_post_with_errors_returns_only_the_form_with_messages(logged_in_client):
+    response = logged_in_client.post(
+        reverse("thesis_new"), _form(context_lengths="2048, lots"), HTTP_HX_REQUEST="true"
+    )
+    html = response.content.decode()
+    assert response.status_code == 422
+    assert "<html" not in html and 'id="thesis-form"' in html
+    assert "is not a whole number" in html
+    assert not Thesis.objects.exists()
+
+
+def test_an_htmx_post_that_succeeds_tells_htmx_where_to_go(logged_in_client):
+    response = logged_in_client.post(reverse("thesis_new"), _form(), HTTP_HX_REQUEST="true")
+    thesis = Thesis.objects.get()
+    assert response.status_code == 200
+    assert response["HX-Redirect"] == thesis.get_absolute_url()
+
+
+def test_an_unreadable_upload_is_reported_on_the_form(logged_in_client):
+    junk = SimpleUploadedFile("trace.json", b"\x00\x01\x02binary", content_type="application/json")
+    response = logged_in_client.post(reverse("thesis_new"), {**_form(), "evidence": junk})
+    assert response.status_code == 422
+    assert 'class="error"' in response.content.decode()
+    assert not Thesis.objects.exists() and not Evidence.objects.exists()
+
+
+def test_the_thesis_page_shows_the_top_kernels_chart_and_bottleneck(logged_in_client, user):
+    thesis = services.thesis_submit(
+        author=user, title="GEMM heavy", idea="# Heading\n<script>alert(1)</script>", op="rmsnorm",
+        hardware="cpu", required_dsl="torch",
+        evidence=services.Upload(name="kern_sum.csv", data=NSYS_CSV),
+    )
+    html = logged_in_client.get(thesis.get_absolute_url()).content.decode()
+    assert "sm90_xmma_gemm_bf16bf16_bf16f32" in html and 'id="top-kernels"' in html
+    assert 'id="evidence-figure"' in html and "plotly/plotly.min.js" in html
+    assert thesis.evidence.summary["bottleneck"] in html
+    assert thesis.evidence.summary["reason"] in html
+    # The idea is rendered markdown, with the script removed rather than escaped into view.
+    assert "<h1>Heading</h1>" in html and "<script>alert(1)" not in html
+    figure = json.loads(html.split('id="evidence-figure" type="application/json">')[1].split("</script>")[0])
+    assert figure["data"][0]["x"] == [3.0, 7.0]
+
+
+def test_the_thesis_page_lists_the_packs_its_agents_read_and_each_can_be_read(logged_in_client, user):
+    thesis = services.thesis_submit(
+        author=user, title="Indexer", idea="Chunk the keys.", op="dsa_indexer_topk",
+        hardware="h200", model_context="deepseek-v3.2", required_dsl="torch",
+    )
+    packs = logged_in_client.get(thesis.get_absolute_url()).content.decode().split('id="packs"')[1].split("</dd>")[0]
+    assert "skills/hardware/sm90.md" in packs and "skills/models/deepseek-v3.2.md" in packs
+    assert "skills/reward-hacks.md" in packs and "sm100" not in packs
+    page = logged_in_client.get(reverse("skill_pack", args=["hardware/sm90.md"]))
+    assert page.status_code == 200 and "<h1>" in page.content.decode()
+    # Only packs: no other file of the project, however the name is spelled.
+    for name in ("../config/settings.py", "hardware/../../README.md", "README.md", "nope.md"):
+        assert logged_in_client.get(reverse("skill_pack", args=[name])).status_code == 404
