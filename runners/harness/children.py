@@ -113,8 +113,15 @@ def child_environment(scratch: Path, *, threads: int, extra: Mapping[str, str]) 
         "TRITON_CACHE_DIR": str(caches / "triton"),
         "TORCH_EXTENSIONS_DIR": str(caches / "torch_extensions"),
         "CUTE_DSL_CACHE_DIR": str(caches / "cute_dsl"),
-        "PYTHONPATH": str(_PROJECT_ROOT), "PYTHONDONTWRITEBYTECODE": "1",
+        # The project first, then whatever the judge was given: a DSL installed on
+        # PYTHONPATH (CuTe DSL unpacked on a GPU host) must import in the children too.
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(
+            [str(_PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])),
+        "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1",
+        # One string hash for every child: a hash drawn per process lays dicts and sets
+        # out differently in each, and with them the memory a call touches.
+        "PYTHONHASHSEED": "0",
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
         # glibc hands freed blocks back to the kernel and maps fresh ones by default, so
         # every call of a few MiB paid for page faults: several times the kernel's own
@@ -128,13 +135,15 @@ def child_environment(scratch: Path, *, threads: int, extra: Mapping[str, str]) 
 
 class Child:
     def __init__(self, *, role: str, label: str, setup: dict[str, Any], limits: Limits,
-                 deadline: float, env_extra: Callable[[Path], Mapping[str, str]]) -> None:
+                 deadline: float, env_extra: Callable[[Path], Mapping[str, str]],
+                 watch: Watch | None = None) -> None:
         self.role = role
         self.label = label  # e.g. "candidate process", for the reader of a guard
         self.setup = setup
         self.limits = limits
         self.deadline = deadline
-        self.watch = Watch(refused=[], replaced=set(), launches=[])
+        # Shared by the processes of one side: what either was seen doing counts.
+        self.watch = watch if watch is not None else Watch(refused=[], replaced=set(), launches=[])
         self.started: dict[str, Any] = {}
         self._seq = 0
         # One name length for every child: the environment's size moves the stack, and

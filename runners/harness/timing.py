@@ -167,6 +167,10 @@ class _PersistingL2:
         self._set_limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
         self._set_limit.restype = ctypes.c_int
         self._reset_lines = getattr(library, "cudaCtxResetPersistingL2Cache", None)
+        # Zero from the start, before the configuration watch takes its first reading:
+        # a device whose default limit is not zero (11,796,480 bytes on an H200) would
+        # otherwise show the harness's own first reset as a change the candidate made.
+        self.reset()
 
     def reset(self) -> None:
         if self._set_limit is None:

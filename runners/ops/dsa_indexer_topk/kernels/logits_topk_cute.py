@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 
+import cuda.bindings.driver as cuda
 import torch
 
 import cutlass
@@ -264,7 +265,7 @@ def _score_tiles(
 @cute.jit
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
-    hist: cute.Tensor, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
+    hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
     tiles_per_cta: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
@@ -289,7 +290,7 @@ def _launch_scores_mma(
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, weights, scores, hist, tiled_mma, k_layout, q_layout,
         k.element_type, rows, stages, tiles_per_cta,
-    ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1))
+    ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1), stream=stream)
 
 
 # --- scores: float32 on the CUDA cores ------------------------------------------------
@@ -339,10 +340,10 @@ def _score_rows_simt(
 @cute.jit
 def _launch_scores_simt(
     q: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
-    hist: cute.Tensor, tokens_per_cta: cutlass.Constexpr,
+    hist: cute.Tensor, stream: cuda.CUstream, tokens_per_cta: cutlass.Constexpr,
 ):
     _score_rows_simt(q, k, weights, scores, hist, tokens_per_cta).launch(
-        grid=(hist.shape[0], scores.shape[0], 1), block=(_SIMT_THREADS, 1, 1)
+        grid=(hist.shape[0], scores.shape[0], 1), block=(_SIMT_THREADS, 1, 1), stream=stream
     )
 
 
@@ -495,10 +496,11 @@ def _select_rows(
 
 @cute.jit
 def _launch_select(
-    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream,
+    threads: cutlass.Constexpr,
 ):
     _select_rows(scores, hist, out, threads).launch(
-        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1)
+        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream
     )
 
 
@@ -558,7 +560,7 @@ def compiled_scores_mma(
         _launch_scores_mma,
         _fake(element, (rows_m * heads, dim)), _fake(element, (context, dim)),
         _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
-        _fake(cutlass.Int32, (splits, rows_m, _BINS)), rows, stages, per_cta,
+        _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), rows, stages, per_cta,
     )
 
 
@@ -573,7 +575,7 @@ def compiled_scores_simt(
         _launch_scores_simt,
         _fake(cutlass.Float32, (rows_m, heads, dim)), _fake(cutlass.Float32, (context, dim)),
         _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
-        _fake(cutlass.Int32, (splits, rows_m, _BINS)), per_cta,
+        _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), per_cta,
     )
 
 
@@ -583,8 +585,15 @@ def compiled_select(rows_m: int, context: int, splits: int, topk: int, threads: 
     return cute.compile(
         _launch_select,
         _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
-        _fake(cutlass.Int64, (rows_m, topk)), threads,
+        _fake(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
     )
+
+
+def _stream(t: torch.Tensor) -> cuda.CUstream:
+    """Torch's current stream on the tensor's device: the one a CUDA graph is being
+    captured on, when it is (a launch on any other stream would not be captured). The
+    null stream for a tensor off the GPU, whose launch then fails for want of one."""
+    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
 
 
 def forward(
@@ -615,8 +624,9 @@ def forward(
         score_args = (q.view(rows_m * heads, dim), k)
     hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
-    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (*score_args, weights, scores, hist)))
+    stream = _stream(q)
+    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (*score_args, weights, scores, hist)), stream)
     compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
-        *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out))
+        *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out)), stream
     )
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+import cuda.bindings.driver as cuda
 import torch
 
 import cutlass
@@ -89,10 +90,10 @@ def _rmsnorm_row(
 @cute.jit
 def _launch(
     x: cute.Tensor, weight: cute.Tensor, y: cute.Tensor, eps: cutlass.Float32,
-    threads: cutlass.Constexpr, vec: cutlass.Constexpr,
+    stream: cuda.CUstream, threads: cutlass.Constexpr, vec: cutlass.Constexpr,
 ):
     _rmsnorm_row(x, weight, y, eps, x.shape[1], threads, vec).launch(
-        grid=(x.shape[0], 1, 1), block=(threads, 1, 1)
+        grid=(x.shape[0], 1, 1), block=(threads, 1, 1), stream=stream
     )
 
 
@@ -123,7 +124,14 @@ def compiled(dtype: torch.dtype, tokens: int, hidden: int, threads: int, vec: in
         element, (tokens, hidden), stride_order=(1, 0), assumed_align=_ALIGN
     )
     w = make_fake_compact_tensor(element, (hidden,), assumed_align=_ALIGN)
-    return cute.compile(_launch, x, w, x, cutlass.Float32(0.0), threads, vec)
+    return cute.compile(_launch, x, w, x, cutlass.Float32(0.0), cuda.CUstream(0), threads, vec)
+
+
+def _stream(t: torch.Tensor) -> cuda.CUstream:
+    """Torch's current stream on the tensor's device: the one a CUDA graph is being
+    captured on, when it is (a launch on any other stream would not be captured). The
+    null stream for a tensor off the GPU, whose launch then fails for want of one."""
+    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,5 +141,6 @@ def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     tokens, hidden = x.shape
     y = torch.empty_like(x)
     kernel = compiled(x.dtype, tokens, hidden, PARAMS["threads"], _vector(hidden))
-    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (x, weight, y)), cutlass.Float32(eps))
+    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (x, weight, y)), cutlass.Float32(eps),
+           _stream(x))
     return y
