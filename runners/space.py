@@ -126,14 +126,45 @@ def materialize(source: str, params: Mapping[str, Any]) -> str:
     return (raw[:start] + _format_params(merged).encode() + raw[end:]).decode()
 
 
-STRATEGIES = ("grid", "random")
+STRATEGIES = ("grid", "random", "listed")
 
 
-def sweep_points(space: Mapping[str, Any], strategy: str, budget: int, seed: int) -> list[dict[str, Any]]:
+def listed_points(space: Mapping[str, Any], points: Any) -> list[dict[str, Any]]:
+    """Points named one by one (to measure again the ones a search found), each checked
+    against SPACE: every parameter named, each value one SPACE lists, none twice."""
+    checked = _checked_space(space)
+    if not isinstance(points, list) or not points:
+        raise ValueError("the listed points must be a non-empty JSON list of objects")
+    found: list[dict[str, Any]] = []
+    for number, point in enumerate(points, start=1):
+        if not isinstance(point, dict):
+            raise ValueError(f"listed point {number} is not an object of parameter -> value")
+        if set(point) != set(checked):
+            missing, unknown = sorted(set(checked) - set(point)), sorted(set(point) - set(checked))
+            raise ValueError(f"listed point {number} must name exactly SPACE's parameters"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; not in SPACE: {', '.join(unknown)}" if unknown else ""))
+        for key, value in point.items():
+            if value not in checked[key]:
+                raise ValueError(f"listed point {number}: {key}={value!r} is not one of SPACE's "
+                                 f"values {checked[key]!r}")
+        ordered = {key: point[key] for key in checked}
+        if ordered in found:
+            raise ValueError(f"listed point {number} repeats point {found.index(ordered) + 1}")
+        found.append(ordered)
+    return found
+
+
+def sweep_points(space: Mapping[str, Any], strategy: str, budget: int, seed: int,
+                 listed: Any = None) -> list[dict[str, Any]]:
     """The points a sweep of `budget` candidates evaluates: the grid's first `budget` in
-    order, or `budget` distinct points drawn with `seed`."""
+    order, `budget` distinct points drawn with `seed`, or the first `budget` listed."""
+    if (strategy == "listed") != (listed is not None):
+        raise ValueError("listed points go with the listed strategy, and only with it")
     if strategy == "grid":
         return grid_points(space)[:budget]
     if strategy == "random":
         return random_points(space, budget, seed)
+    if strategy == "listed":
+        return listed_points(space, listed)[:budget]
     raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")

@@ -323,6 +323,18 @@ def _harness(*args: str) -> subprocess.CompletedProcess[str]:
      "passwd is not Python"),
     (["sweep", "rmsnorm", "blocked", "--budget", "0", "--out", "/nonexistent/r.jsonl"],
      "the budget must be at least 1 candidate"),
+    (["sweep", "rmsnorm", "blocked", "--out", "/nonexistent/r.jsonl"], "--budget is needed"),
+    (["sweep", "rmsnorm", "blocked", "--strategy", "listed", "--points", "[{\"block_rows\": 3}",
+      "--out", "/nonexistent/r.jsonl"], "the points are not JSON"),
+    (["sweep", "rmsnorm", "blocked", "--strategy", "listed", "--points", "@/nonexistent/points.json",
+      "--out", "/nonexistent/r.jsonl"], "cannot read /nonexistent/points.json"),
+    (["sweep", "rmsnorm", "blocked", "--strategy", "listed",
+      "--points", '[{"block_rows": 3, "formulation": "rsqrt", "upcast": "full"}]',
+      "--out", "/nonexistent/r.jsonl"], "block_rows=3 is not one of SPACE's values"),
+    (["sweep", "rmsnorm", "blocked", "--strategy", "listed", "--points", '[{"block_rows": 64}]',
+      "--out", "/nonexistent/r.jsonl"], "missing formulation, upcast"),
+    (["sweep", "rmsnorm", "blocked", "--points", '[]', "--budget", "1",
+      "--out", "/nonexistent/r.jsonl"], "listed points go with the listed strategy"),
 ])
 def test_the_harness_exits_2_with_one_line_for_bad_arguments(args, message):
     done = _harness(*args)

@@ -97,6 +97,24 @@ def test_the_sweep_subcommand_never_overwrites_a_results_file(results_path):
     assert results_path.read_bytes() == before
 
 
+def test_a_listed_sweep_evaluates_exactly_the_points_it_names(tmp_path):
+    out = tmp_path / "listed.jsonl"
+    point = {"block_rows": 16384, "formulation": "functional", "upcast": "full"}
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.harness", "sweep", "rmsnorm", "blocked", "--strategy", "listed",
+         "--points", json.dumps([point]), "--ctx", "64", "--batch", "1", "--time-budget", "0.05",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    parsed = results_file.read(out.read_bytes())
+    assert parsed.header["strategy"] == "listed" and parsed.header["points"] == 1
+    kernel_source = get_op("rmsnorm").kernels()["blocked"].read_text()
+    # Written in SPACE's order, whatever order the point was given in.
+    assert [c.params for c in parsed.candidates] == [
+        {key: point[key] for key in space.read_literals(kernel_source)[1]}]
+    assert parsed.candidates[0].source == space.materialize(kernel_source, point)
+    assert parsed.candidates[0].result["correct"] is True
+
+
 def test_a_prefix_left_by_a_crash_is_a_valid_file(results_path):
     first_two = b"".join(results_path.read_bytes().splitlines(keepends=True)[:2])
     assert len(results_file.read(first_two).candidates) == 1

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from runners.harness.e2e_command import BUDGET_S as E2E_COMMAND_BUDGET_S
@@ -37,6 +38,23 @@ def _int_list(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+
+
+def _json_points(text: str) -> list[Any]:
+    """A JSON list given inline, or @FILE holding one."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as error:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {error.strerror}") from None
+    try:
+        points = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"the points are not JSON: {error.msg} "
+                                         f"(character {error.pos})") from None
+    if not isinstance(points, list):
+        raise argparse.ArgumentTypeError("the points must be a JSON list of objects")
+    return points
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,8 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     swept.add_argument("op", help="op name, e.g. rmsnorm")
     swept.add_argument("kernel", help="a kernel file with PARAMS and SPACE, or the name of one the op ships")
     swept.add_argument("--strategy", choices=STRATEGIES, default="grid")
-    swept.add_argument("--budget", type=int, required=True, help="the most candidates to evaluate")
+    swept.add_argument("--budget", type=int, help="the most candidates to evaluate "
+                                                  "(needed, except with --strategy listed: all of them)")
     swept.add_argument("--seed", type=int, help="the random strategy's sampling seed (default: drawn)")
+    swept.add_argument("--points", type=_json_points, metavar="JSON",
+                       help='with --strategy listed: the points to evaluate, e.g. \'[{"block": 128}]\' '
+                            "or @FILE holding such a list")
     swept.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     swept.add_argument("--dsl", choices=DSLS, help="default: the kernel file's, by its name")
     swept.add_argument("--ctx", type=_int_list, help="context lengths, e.g. 2048,8192")
@@ -165,10 +187,14 @@ def _evaluate_command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _sweep_command(args: argparse.Namespace, out: TextIO) -> int:
+    if args.budget is None:
+        if args.strategy != "listed" or args.points is None:
+            raise UsageError("--budget is needed: the most candidates to evaluate")
+        args.budget = len(args.points)
     try:
         lines = sweep(
             args.op, args.kernel, out=args.out, strategy=args.strategy, budget=args.budget,
-            seed=args.seed, device=args.device, dsl=args.dsl, context_lengths=args.ctx,
+            seed=args.seed, points=args.points, device=args.device, dsl=args.dsl, context_lengths=args.ctx,
             batch_sizes=args.batch, baseline=args.baseline, time_budget_s=args.time_budget,
             e2e_command=args.e2e_command, e2e_command_budget_s=args.e2e_command_budget, progress=_say,
         )

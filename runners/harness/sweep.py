@@ -82,6 +82,7 @@ def sweep(
     strategy: str = "grid",
     budget: int,
     seed: int | None = None,
+    points: list[dict[str, Any]] | None = None,
     device: str = "cpu",
     dsl: str | None = None,
     context_lengths: list[int] | None = None,
@@ -93,6 +94,8 @@ def sweep(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate up to `budget` points of the kernel's SPACE; returns the candidate lines.
+
+    `points` (with the `listed` strategy) names the points to evaluate, in order.
 
     Raises UsageError (or UnknownOpError, WorkloadError) before the file is created when
     the request is wrong. `out` must not exist: a finished run is never overwritten.
@@ -121,7 +124,7 @@ def sweep(
         raise UsageError(f"{kernel_path.name} declares no SPACE to sweep")
     seed = secrets.randbits(32) if seed is None else seed
     try:
-        points = space.sweep_points(parameter_space, strategy, budget, seed)
+        points = space.sweep_points(parameter_space, strategy, budget, seed, points)
         sources = [space.materialize(source, point) for point in points]
     except ValueError as error:
         raise UsageError(f"{kernel_path.name}: {error}") from None
