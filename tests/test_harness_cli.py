@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from runners.harness.stats import MIN_NOISE_FLOOR
 from runners.space import grid_points, read_literals
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ def test_an_a_a_run_prints_one_json_object_in_the_contract_shape_and_is_no_gain(
         assert set(workload) >= WORKLOAD_KEYS
         assert workload["baseline_ms"] > 0 and workload["candidate_ms"] > 0
         assert workload["samples"] >= 10
-        assert workload["noise_floor"] >= 0.005
+        assert workload["noise_floor"] >= MIN_NOISE_FLOOR["cpu"]
         # The CPU has a generous bound, never a roofline to be a fraction of.
         assert workload["floor_ms"] > 0 and workload["roofline_fraction"] is None
     assert isinstance(result["seed"], int) and result["threads"] >= 1

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from runners.harness import Limits, UsageError, evaluate, roofline
+from runners.harness.stats import MIN_NOISE_FLOOR
 from runners.ops import get_op
 
 LIMITS = Limits(import_s=3, call_s=3, memory_bytes=512 * 2**20)
@@ -110,7 +111,7 @@ def test_the_baseline_against_itself_is_correct_and_no_gain(op_name):
     for workload in result.workloads:
         assert workload.samples >= 10
         assert workload.speedup_ci[0] <= workload.speedup <= workload.speedup_ci[1]
-        assert workload.noise_floor >= 0.005
+        assert workload.noise_floor >= MIN_NOISE_FLOOR["cpu"]
         assert workload.aa_speedup > 0
 
 

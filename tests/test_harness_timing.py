@@ -58,9 +58,18 @@ def test_no_side_runs_twice_in_a_row_and_each_follows_each_other_side_alike():
     _, log = _measure()
     sides = [role for role, _ in _runs(log)]
     assert all(before != after for before, after in itertools.pairwise(sides))
-    # Over whole cycles of two rounds (six calls, six transitions).
-    followed = Counter(itertools.pairwise(sides[: (len(sides) - 1) // 6 * 6 + 1]))
+    # Over whole cycles of six rounds (eighteen calls, eighteen transitions).
+    followed = Counter(itertools.pairwise(sides[: (len(sides) - 1) // 18 * 18 + 1]))
     assert len(set(followed.values())) == 1 and len(followed) == 6
+
+
+def test_every_side_takes_every_place_in_a_round_equally_often():
+    _, log = _measure()
+    sides = [role for role, _ in _runs(log)]
+    rounds = [tuple(sides[start:start + 3]) for start in range(0, len(sides) // 18 * 18, 3)]
+    assert len(rounds) >= 6 and len(set(rounds)) == 6  # every order of the three
+    places = Counter((place, side) for order in rounds for place, side in enumerate(order))
+    assert len(places) == 9 and len(set(places.values())) == 1
 
 
 def test_each_side_takes_the_next_input_set_every_call_and_never_the_same_twice_in_a_row():
@@ -88,13 +97,23 @@ def test_warm_up_rounds_are_run_like_the_others_and_discarded_afterwards():
     assert all(len(times.round_trips) == MIN_SAMPLES for times in measurement.times.values())
 
 
-def test_timed_outputs_are_fetched_from_the_candidate_only_and_after_its_last_call():
-    measurement, log = _measure()
-    fetches = [(index, role) for index, (role, do, _) in enumerate(log) if do == "fetch"]
-    assert fetches and all(role == CANDIDATE for _, role in fetches)
-    candidate_runs = [index for index, (role, do, _) in enumerate(log) if do == "run" and role == CANDIDATE]
-    assert fetches[-1][0] > candidate_runs[-1]
-    assert measurement.fetched[-1][1] == MIN_SAMPLES + WARMUP_ROUNDS - 1
+def test_every_side_sends_its_output_in_the_rounds_picked_and_only_the_candidates_is_kept():
+    measurement, log = _measure(seed=4)
+    timed = [(role, do) for role, do, _ in log if do in ("run", "fetch")]
+    # Each fetch follows its own side's call at once, in every picked round alike (all
+    # but the last, the candidate's after the loop).
+    for index, (role, do) in enumerate(timed[:-1]):
+        if do == "fetch":
+            assert timed[index - 1] == (role, "run")
+    last_round = MIN_SAMPLES + WARMUP_ROUNDS - 1
+    picked = [call for _, call, _, _ in measurement.fetched if call != last_round]
+    assert len(picked) == 3  # seed 4 picks rounds 2, 5 and 7
+    per_side = Counter(role for role, do in timed if do == "fetch")
+    assert per_side[BASELINE] == per_side[CONTROL] == len(picked)
+    # The candidate's output of its last timed call is fetched after that call.
+    candidate_runs = [index for index, (role, do) in enumerate(timed) if (role, do) == (CANDIDATE, "run")]
+    assert timed[-1] == (CANDIDATE, "fetch") and len(timed) - 1 > candidate_runs[-1]
+    assert measurement.fetched[-1][1] == last_round
 
 
 def test_which_calls_are_fetched_depends_on_the_secret_seed():
@@ -199,13 +218,15 @@ def test_a_floor_above_one_still_lets_a_larger_slowdown_count_as_it_would_a_spee
     assert not within.significant and within.p_value < 0.01
 
 
-def test_the_noise_floor_is_the_a_a_effect_plus_its_ci_and_never_below_half_a_percent():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_noise_floor_is_the_a_a_effect_plus_its_ci_and_never_below_the_devices(device):
     rng = np.random.default_rng(10)
     same = rng.normal(1.0, 0.0001, 500)
-    floors = stats.noise_floors([(same, same.copy())], rngs=[np.random.default_rng(1)])
-    assert floors[0].speedup == 1.0 and floors[0].floor == stats.MIN_NOISE_FLOOR
+    minimum = stats.MIN_NOISE_FLOOR[device]
+    floors = stats.noise_floors([(same, same.copy())], rngs=[np.random.default_rng(1)], minimum=minimum)
+    assert floors[0].speedup == 1.0 and floors[0].floor == minimum >= stats.MIN_EFFECT
     apart = stats.noise_floors([(rng.normal(1.05, 0.01, 500), rng.normal(1.0, 0.01, 500))],
-                               rngs=[np.random.default_rng(2)])[0]
+                               rngs=[np.random.default_rng(2)], minimum=stats.MIN_EFFECT)[0]
     low, high = apart.speedup_ci
     assert apart.floor >= abs(1 - apart.speedup) + (high - low) / 2
     assert apart.floor == pytest.approx(0.05, abs=0.01) or apart.floor > 0.05
@@ -215,7 +236,8 @@ def test_a_quiet_workload_inherits_the_runs_typical_a_a_spread():
     rng = np.random.default_rng(12)
     quiet = (rng.normal(1.0, 0.001, 300), rng.normal(1.0, 0.001, 300))
     noisy = (rng.normal(1.08, 0.001, 300), rng.normal(1.0, 0.001, 300))
-    floors = stats.noise_floors([quiet, noisy], rngs=[np.random.default_rng(i) for i in range(2)])
+    floors = stats.noise_floors([quiet, noisy], rngs=[np.random.default_rng(i) for i in range(2)],
+                                minimum=stats.MIN_EFFECT)
     spread = math.sqrt((math.log(floors[0].speedup) ** 2 + math.log(floors[1].speedup) ** 2) / 2)
     assert floors[0].floor == pytest.approx(stats.RUN_SPREAD_FACTOR * spread)
     assert floors[0].floor > 0.1

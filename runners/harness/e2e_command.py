@@ -53,7 +53,7 @@ import numpy as np
 from runners.harness.children import BASELINE, CANDIDATE
 from runners.harness.result import Guard
 from runners.harness.seeds import derive_seed
-from runners.harness.stats import MIN_NOISE_FLOOR, P_THRESHOLD, compare
+from runners.harness.stats import MIN_EFFECT, P_THRESHOLD, compare
 
 GUARD = "e2e-command"
 # The fewest runs a side with which Mann–Whitney can reach p < P_THRESHOLD: fewer can
@@ -267,7 +267,7 @@ def _report(command: str, readings: dict[str, list[Reading]], *,
     # Every sample is a fresh process, so process-to-process luck is already in the
     # spread Mann–Whitney sees: no A/A floor is needed as in the kernel timing, where a
     # side's samples all share one process. Only the smallest effect worth calling is set.
-    found = compare(baseline, candidate, rng=rng, noise=MIN_NOISE_FLOOR)
+    found = compare(baseline, candidate, rng=rng, noise=MIN_EFFECT)
     # compare() speaks of times: its "_ms" medians are the metric's, in its own unit, and
     # its speedup CI is of baseline / candidate, so the delta's bounds come swapped.
     low, high = found.speedup_ci

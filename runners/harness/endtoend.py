@@ -29,7 +29,7 @@ from runners.harness.children import BASELINE, CANDIDATE, CallFailed, Child, Chi
 from runners.harness.measure import CONTROL, measure_step
 from runners.harness.result import Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
-from runners.harness.stats import combined_delta, compare, noise_floors
+from runners.harness.stats import MIN_NOISE_FLOOR, combined_delta, compare, noise_floors
 from runners.ops import Op, Workload, get_op
 
 # The CPU step is there so CI runs the code path, not to measure much: a small budget.
@@ -94,7 +94,7 @@ def check(
             return None, Guard("e2e", "warn", f"the end-to-end check could not run: {failure.detail}")
         measured.append((point, times))
         say(f"timed the decode step at {point.label}: {len(times[CANDIDATE].reported)} samples a side")
-    report = _report(measured, secret_seed=secret_seed, graphs=device == "cuda", meaningful=meaningful)
+    report = _report(measured, secret_seed=secret_seed, device=device, meaningful=meaningful)
     return report, _guard(report, workloads, kernel_results)
 
 
@@ -110,10 +110,12 @@ def _call_failed(failure: CallFailed, point: Point) -> Guard:
     return Guard("e2e", "fail", f"raises inside the decode step: forward raised {failure.error} ({where})")
 
 
-def _report(measured: list, *, secret_seed: int, graphs: bool, meaningful: bool) -> dict[str, Any]:
+def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool) -> dict[str, Any]:
     rngs = [np.random.default_rng(derive_seed(secret_seed, "e2e-bootstrap", p.context_length, p.batch))
             for p, _ in measured]
-    floors = noise_floors([(t[BASELINE].reported, t[CONTROL].reported) for _, t in measured], rngs=rngs)
+    graphs = device == "cuda"
+    floors = noise_floors([(t[BASELINE].reported, t[CONTROL].reported) for _, t in measured], rngs=rngs,
+                          minimum=MIN_NOISE_FLOOR[device])
     rows = []
     pooled = []
     for (point, times), floor, rng in zip(measured, floors, rngs, strict=True):

@@ -38,7 +38,7 @@ from runners.harness.dispatch import SizedResult, dispatch_range, size_axis
 from runners.harness.measure import CONTROL, Measurement, clock_disagreement, measure_workload
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed, draw_secret_seed
-from runners.harness.stats import compare, noise_floors
+from runners.harness.stats import MIN_NOISE_FLOOR, compare, noise_floors
 from runners.ops import Op, Workload, get_op
 from runners.space import read_literals
 
@@ -133,7 +133,7 @@ class _Run:
     e2e_command_budget_s: float = declared_e2e.BUDGET_S
     children: list[Child] = field(default_factory=list)
 
-    def start(self, role: str, path: Path, dsl: str) -> Child:
+    def start(self, role: str, path: Path, dsl: str, watch: Watch | None = None) -> Child:
         setup = {
             "op": self.op.name, "device": self.result.device, "dsl": dsl,
             "candidate": str(path), "threads": self.result.threads,
@@ -145,7 +145,8 @@ class _Run:
                  CONTROL: "second baseline process"}[role]
         child = Child(role=role, label=label, setup=setup, limits=self.limits,
                       deadline=self.deadline,
-                      env_extra=lambda scratch: dsls.child_environment(dsl, self.result.device, scratch))
+                      env_extra=lambda scratch: dsls.child_environment(dsl, self.result.device, scratch),
+                      watch=watch)
         self.children.append(child)
         return child
 
@@ -265,8 +266,12 @@ def _judge(run: _Run) -> Child | None:
     try:
         _time(run, candidate)
     except CallFailed as failure:
-        guard = (call_failure(failure, "timed-calls", failure.during) if failure.role == CANDIDATE
-                 else Guard("harness", "fail", f"the {failure.role} process failed: {failure.error}"))
+        if failure.role != CANDIDATE:
+            guard = Guard("harness", "fail", f"the {failure.role} process failed: {failure.error}")
+        elif failure.kind == "load":  # it imported once, for the checks, but not again
+            guard = Guard("loads", "fail", f"{failure.error} (in the process it is timed in)")
+        else:
+            guard = call_failure(failure, "timed-calls", failure.during)
         _fail(result, candidate, guard)
     except ChildFailure as failure:
         name = failure.guard if failure.role == CANDIDATE else "harness"
@@ -282,15 +287,25 @@ def _fail(result: EvaluationResult, candidate: Child, guard: Guard) -> Child:
     return candidate
 
 
-def _time(run: _Run, candidate: Child) -> None:
-    """Times every workload against two baseline processes; fills result.workloads."""
+def _time(run: _Run, checked: Child) -> None:
+    """Times every workload against two baseline processes; fills result.workloads.
+
+    The candidate is timed in a fresh process of its own, started with the two baseline
+    processes, and all three do the same things before the first timed call: the
+    process that was checked has a history the baselines lack (fetched outputs, the
+    allocations of every check), and on a CPU that history alone moved its times 5 to
+    25% from theirs, an effect no A/A pair of baselines could measure. What the timing
+    process does is watched with what the checked one did (one Watch).
+    """
     result, say = run.result, run.say
+    checked.close()  # its memory and cores go to the processes being timed
     baseline_dsl = dsls.kernel_dsl(run.baseline_path)
+    candidate = run.start(CANDIDATE, run.path, result.dsl, watch=checked.watch)
     baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
     control = run.start(CONTROL, run.baseline_path, baseline_dsl)
-    for child in (baseline, control):
+    for child in (candidate, baseline, control):
         child.wait_loaded()
-    for child in (baseline, control):
+    for child in (candidate, baseline, control):
         replay_checks(child, run.workloads, secret_seed=result.seed)
     sides = {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
     measured: list[Measurement] = []
@@ -340,7 +355,7 @@ def _workload_results(run: _Run, measured: list[Measurement],
     rngs = [np.random.default_rng(derive_seed(run.result.seed, "bootstrap", workload.name))
             for workload in run.workloads]
     floors = noise_floors([(m.times[BASELINE].reported, m.times[CONTROL].reported) for m in measured],
-                          rngs=rngs)
+                          rngs=rngs, minimum=MIN_NOISE_FLOOR[run.result.device])
     results = []
     for workload, measurement, floor, rng in zip(run.workloads, measured, floors, rngs, strict=True):
         times = measurement.times

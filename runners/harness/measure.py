@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import random
 import time
@@ -114,6 +116,8 @@ def measure_workload(
     fetched: list[tuple[int, int, str, Fetched]] = []
     candidate = children[CANDIDATE]
 
+    picked: dict[int, bool] = {}
+
     def fetch(round_number: int) -> None:
         seed, distribution = pool[round_number % POOL_SIZE]
         output = fetch_output(candidate, f"sending the output of a timed call of {workload.name}",
@@ -121,8 +125,17 @@ def measure_workload(
         fetched.append((seed, round_number, distribution, output))
 
     def after(side: str, round_number: int) -> None:
-        if side == CANDIDATE and len(fetched) < MAX_REVALIDATIONS and picker.random() < REVALIDATE_RATE:
+        if round_number not in picked:  # drawn at the round's first call
+            picked[round_number] = len(fetched) < MAX_REVALIDATIONS and picker.random() < REVALIDATE_RATE
+        if not picked[round_number]:
+            return
+        if side == CANDIDATE:
             fetch(round_number)
+        else:
+            # Sent and dropped: every process does what the candidate's does, so a
+            # transfer that slows the next call slows every side alike.
+            fetch_output(children[side], f"sending the output of a timed call of {workload.name}",
+                         max_bytes)
 
     rounds = _interleave(children, times, lambda round_number: slots[round_number % POOL_SIZE],
                          f"a timed call of {workload.name}", budget_s=budget_s, after=after)
@@ -131,6 +144,22 @@ def measure_workload(
     for child in children.values():
         child.request("drop", f"freeing the inputs of {workload.name}", slots=slots)
     return Measurement(times=times, fetched=fetched)
+
+
+@functools.cache
+def round_orders(sides: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The orders of the rounds, in turn: every order of the sides once, so each side takes
+    every place equally often (the first call after the judge's own work is not timed
+    like the second), and arranged so that no side is called twice in a row across two
+    rounds and each side follows each other equally often (a call right after one's own
+    finds its caches warm)."""
+    first, *others = itertools.permutations(sides)
+    for rest in itertools.permutations(others):
+        cycle = [first, *rest]
+        joins = [(order[-1], cycle[(index + 1) % len(cycle)][0]) for index, order in enumerate(cycle)]
+        if all(left != right for left, right in joins) and len(set(joins)) == len(joins):
+            return cycle
+    raise ValueError(f"no fair order of rounds for {len(sides)} sides")
 
 
 def _interleave(
@@ -144,10 +173,9 @@ def _interleave(
     min_samples: int = MIN_SAMPLES,
 ) -> int:
     """The timing loop the kernel and the end-to-end timings share: rounds of one call per
-    side in alternating orders, warm-up rounds dropped, until every side's median is known
+    side, in every order in turn, warm-up rounds dropped, until every side's median is known
     to ±1%, MAX_SAMPLES, or the budget. Returns the number of rounds run."""
-    first, *rest = children
-    orders = [(first, *rest), (first, *reversed(rest))]
+    orders = round_orders(tuple(children))
     rounds = 0
     deadline = time.monotonic() + budget_s
     while True:
@@ -183,7 +211,7 @@ def measure_step(
     Each child builds the step once (same seed, so the same weights and caches on every
     side) and every call replays it: a server replays one graph per batch size, and the
     step's inputs are its own. Timed exactly like forward calls: the same requests, the
-    same alternating orders, warm-up, convergence rule and clock code in the child.
+    same orders, warm-up, convergence rule and clock code in the child.
     """
     slot = f"e2e:ctx={context_length},m={batch}"
     point = f"the decode step at ctx={context_length}, batch {batch}"

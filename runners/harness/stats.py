@@ -16,8 +16,16 @@ import numpy as np
 CONFIDENCE_Z = 1.96  # two-sided 95%
 BOOTSTRAP_RESAMPLES = 1000
 P_THRESHOLD = 0.01
-# However quiet the A/A run was, an effect under half a percent is not called real.
-MIN_NOISE_FLOOR = 0.005
+# However quiet the measurement, an effect under half a percent is not called real.
+MIN_EFFECT = 0.005
+# However quiet a run's own A/A pair was, an effect under its device's floor is not
+# called real. Two processes running the same code differ by their own luck (where their
+# memory landed in the caches, what else ran on their cores), and one A/A pair is a
+# single draw of that luck: a small draw cannot vouch for the next process. Each floor
+# sits above the largest effect A/A evaluations showed on that kind of device
+# (bench/aa_noise.py, figures in docs/benchmarks.md): on a shared 2-core CPU, calls of
+# tens of microseconds moved by up to 9.6%.
+MIN_NOISE_FLOOR = {"cpu": 0.10, "cuda": MIN_EFFECT}
 # The candidate against two pooled baseline processes differs by process luck alone with
 # a spread ~0.87 times that of the A/A pair: 2.5 A/A spreads is about 2.9 standard
 # deviations, a false call in ~0.2% of workloads.
@@ -96,11 +104,11 @@ def mann_whitney_p(first: np.ndarray, second: np.ndarray) -> float:
 
 
 def noise_floors(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
-                 rngs: Sequence[np.random.Generator]) -> list[NoiseFloor]:
+                 rngs: Sequence[np.random.Generator], minimum: float) -> list[NoiseFloor]:
     """How far apart two processes running the same code land here, per workload.
 
     Each workload's floor is its own A/A effect, |1 - A/A speedup| plus the half-width
-    of its CI, never under MIN_NOISE_FLOOR. One A/A pair is a single draw of how much a
+    of its CI, never under `minimum` (the device's MIN_NOISE_FLOOR). One A/A pair is a single draw of how much a
     process's luck moves its times (where its buffers landed in the caches: 5-15% on a
     shared CPU), and a small draw would let a lucky candidate process through; so the
     floor is also never under RUN_SPREAD_FACTOR times the run's typical A/A effect, the
@@ -114,7 +122,7 @@ def noise_floors(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
     spread = math.sqrt(sum(math.log(speedup) ** 2 for speedup, _ in found) / len(found))
     return [
         NoiseFloor(speedup=speedup, speedup_ci=(low, high),
-                   floor=max(MIN_NOISE_FLOOR, abs(1 - speedup) + (high - low) / 2,
+                   floor=max(minimum, abs(1 - speedup) + (high - low) / 2,
                              RUN_SPREAD_FACTOR * spread))
         for speedup, (low, high) in found
     ]
