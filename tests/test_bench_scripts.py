@@ -1,6 +1,7 @@
-"""The load benchmarks still run: each script, at a tiny size, against the real servers it
-starts (Daphne, Redis, a fresh database on the suite's DATABASE_URL/REDIS_URL or the
-embedded defaults). No timing is asserted: the figures live in docs/benchmarks.md."""
+"""The benchmark scripts still run: each at a tiny size, the load ones against the real
+servers they start (Daphne, Redis, a fresh database on the suite's DATABASE_URL/REDIS_URL
+or the embedded defaults), the H200 ones on the results files committed beside their
+report. No timing is asserted: the figures live in docs/."""
 
 from __future__ import annotations
 
@@ -30,3 +31,30 @@ def test_page_load_serves_every_page_with_its_server_timing():
     output = _run("page_load.py", "--users", "3", "--seconds", "3", "--results", "20")
     for page in ("| dashboard |", "| sweep page (20 results) |", "| review page (a win) |"):
         assert page in output
+
+
+def test_aa_noise_reports_every_workload_of_every_run_and_never_a_win():
+    output = _run("aa_noise.py", "rmsnorm", "--runs", "1", "--ctx", "64", "--time-budget", "0.05")
+    assert "rmsnorm on cpu: 1 A/A runs, 2 workloads" in output
+    assert "verdicts: 1 no-gain" in output
+    assert "significant: 0 faster" in output
+    assert "(never under 25% on cpu)" in output
+
+
+def test_the_h200_report_prints_the_committed_results_files():
+    output = _run("h200/indexer_report.py")
+    assert "### dsa_indexer_topk" in output and "### dsa_indexer_topk_fp8" in output
+    assert "| logits_topk_cute | ROWS=2, STAGES=2, SELECT_THREADS=1024 | 0.058 [0.054, 0.078]" in output
+    assert "| dsa_indexer_topk | logits_topk_cute | ROWS=2, STAGES=2, SELECT_THREADS=1024 | win | -39.9%" in output
+
+
+def test_the_h200_results_go_through_import_review_and_the_path_chart(tmp_path):
+    chart = tmp_path / "path.png"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "h200" / "indexer_loop.py"), "--chart", str(chart)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=4 * RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("dsa_indexer_topk: kept logits_topk_cute {'ROWS': 2, 'STAGES': 2, 'SELECT_THREADS': 1024}, "
+            "geomean 6.52x, dispatch candidate at every measured context length (4K–256K)") in done.stdout
+    assert done.stdout.count("dsa_indexer_topk: reverted ") == 4
+    assert "dsa_indexer_topk_fp8: kept fused_logits_fp8_triton" in done.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000

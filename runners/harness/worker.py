@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import faulthandler
 import math
+import os
 import sys
 import threading
 from pathlib import Path
@@ -196,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sandbox.limit_resources(cpu_seconds=setup["cpu_seconds"], file_bytes=setup["file_bytes"],
                             memory_bytes=setup["memory_bytes"] if device == "cpu" else None)
+    if setup.get("cpus") and hasattr(os, "sched_setaffinity"):
+        # Before the configuration watch's first reading: the pinning is the harness's.
+        os.sched_setaffinity(0, setup["cpus"])
     torch.set_num_threads(setup["threads"])
     if device == "cuda":
         torch.cuda.init()
