@@ -312,12 +312,14 @@ def _time(run: _Run, checked: Child) -> None:
     result, say = run.result, run.say
     checked.close()  # its memory and cores go to the processes being timed
     baseline_dsl = dsls.kernel_dsl(run.baseline_path)
-    candidate = run.start(CANDIDATE, run.path, result.dsl, watch=checked.watch)
+    # Never the first to start: on a CPU the first process after the checked one's memory
+    # was freed ran apart from the next two; first, a baseline's luck widens the A/A floor.
     baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
+    candidate = run.start(CANDIDATE, run.path, result.dsl, watch=checked.watch)
     control = run.start(CONTROL, run.baseline_path, baseline_dsl)
-    for child in (candidate, baseline, control):
+    for child in (baseline, candidate, control):
         child.wait_loaded()
-    for child in (candidate, baseline, control):
+    for child in (baseline, candidate, control):
         replay_checks(child, run.workloads, secret_seed=result.seed)
     sides = {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
     measured: list[Measurement] = []
