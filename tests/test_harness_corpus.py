@@ -14,11 +14,13 @@ import torch
 
 from runners.harness import Limits, evaluate
 from runners.harness.dsl import kernel_dsl
+from runners.harness.evaluate import _thread_count
 from runners.harness.hacks import catalog
 from runners.ops import get_op
 from runners.space import materialize
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
+THREADS = _thread_count()  # what the harness gives each child here
 LIMITS = Limits(import_s=2, call_s=2, memory_bytes=512 * 2**20)
 SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048]}
 
@@ -60,8 +62,9 @@ PLANTED = {
     "rmsnorm_enables_tf32.py": ("config", ["torch.backends.cuda.matmul.allow_tf32: False → True"]),
     "rmsnorm_disables_graphs.py": ("config", ["env TORCHINDUCTOR_CUDAGRAPHS: unset → 0"]),
     "rmsnorm_disables_all_reduce.py": ("config", ["env VLLM_DISABLE_CUSTOM_ALL_REDUCE: unset → 1"]),
+    # Two threads more than the harness gives a child (half the cores, at most 4).
     "rmsnorm_takes_more_threads.py": ("config", ["denormals flushed to zero: False → True",
-                                                 "torch.get_num_threads: 1 → 3"]),
+                                                 f"torch.get_num_threads: {THREADS} → {THREADS + 2}"]),
     "rmsnorm_loosens_tolerance.py": ("protected-settings", [
         'line 11 changes a tolerance: `type(get_op("rmsnorm")).tolerances[torch.float32] = (1e-2, 1e-2)`']),
     "dsa_shrinks_batch.py": ("config", ["dsa_indexer_topk batch sizes: [4] → [1]"]),
