@@ -32,6 +32,7 @@ from runners.harness.children import (
     Child,
     ChildFailure,
     Limits,
+    Watch,
 )
 from runners.harness.correctness import call_failure, check_correctness, replay_checks, revalidate
 from runners.harness.dispatch import SizedResult, dispatch_range, size_axis
