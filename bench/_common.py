@@ -32,6 +32,13 @@ from config.embedded_redis import EmbeddedRedis, die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Debian's Chromium, never a browser Playwright downloads; headless, nothing of its own running
+# (the browser tests and the chart renderer use it alike).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
 DAPHNE_START_TIMEOUT_S = 60
 DAPHNE_STOP_TIMEOUT_S = 15
 

@@ -14,16 +14,12 @@ import pytest
 import torch
 from playwright.sync_api import expect, sync_playwright
 
+from bench._common import CHROMIUM, CHROMIUM_ARGS
 from tests.app_process import ROOT, launched_app
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"  # the last page, to look at when something fails
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import app_environment  # noqa: E402
+from bench._common import CHROMIUM, CHROMIUM_ARGS, app_environment  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 THESES = {
     ("dsa_indexer_topk", "triton"): (
         "Fuse the indexer's logits and reduce its top-k incrementally (Triton)",

@@ -110,9 +110,9 @@ def noise_floors(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
     """How far apart two processes running the same code land here, per workload.
 
     Each workload's floor is its own A/A effect, |1 - A/A speedup| plus the half-width
-    of its CI, never under `minimum` (the device's MIN_NOISE_FLOOR). One A/A pair is a single draw of how much a
-    process's luck moves its times (where its buffers landed in the caches: 5-15% on a
-    shared CPU), and a small draw would let a lucky candidate process through; so the
+    of its CI, never under `minimum` (the device's MIN_NOISE_FLOOR). One A/A pair is a
+    single draw of how much a process's luck moves its times (up to 30% on a shared
+    CPU), and a small draw would let a lucky candidate process through; so the
     floor is also never under RUN_SPREAD_FACTOR times the run's typical A/A effect, the
     root mean square over all its workloads.
     """
