@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The harness's GPU checks on one H200, in one call of at most 10 minutes:
-#   1. evaluate dsa_indexer_topk's baseline against itself on CUDA (must be no-gain),
-#   2. the GPU-only planted bugs and hacks of the corpus (pytest, no Django),
-#   3. the red team on CUDA: every hack caught, no legit kernel rejected,
-#   4. (with --repeatability) the repeatability of the medians: the baseline and the
-#      torch chunked variant, each evaluated 3 times by fresh harness processes.
+# The harness's GPU checks on one H200, by section:
+#   aa             evaluate dsa_indexer_topk's baseline against itself on CUDA (no-gain),
+#   corpus         the GPU-only planted bugs and hacks of the corpus (pytest, no Django),
+#   red_team       the red team on CUDA: every hack caught, no legit kernel rejected,
+#   repeatability  the baseline and the torch chunked variant, each evaluated 3 times by
+#                  fresh harness processes: how far their medians move between runs.
 #
-#   bash bench/h200/harness_checks.sh [--repeatability]
+#   bash bench/h200/harness_checks.sh [SECTION ...]     # default: aa corpus red_team
+#
+# Each section has its own time limit; pick sections so one call stays within 10 minutes
+# (corpus and red_team together, repeatability alone).
 #
 # Needs only the harness's dependencies (python3 with torch, triton, numpy, scipy,
 # pytest) and, for the red team's CuTe kernel, CuTe DSL on PYTHONPATH. Writes every
@@ -32,19 +35,21 @@ section() {  # name, seconds, command...: run it, keep its log, note how it ende
 { nvidia-smi || true; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } \
   >"$OUT/checks/machine.txt" 2>&1
 
-section aa 150 bash -c 'python3 -m runners.harness evaluate dsa_indexer_topk baseline --device "$0" --json >"$1" &&
+SECTIONS=("$@")
+[[ $# -eq 0 ]] && SECTIONS=(aa corpus red_team)
+wanted() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
+
+wanted aa && section aa 150 bash -c 'python3 -m runners.harness evaluate dsa_indexer_topk baseline --device "$0" --json >"$1" &&
   python3 bench/h200/verdict.py "$1"' "$DEVICE" "$OUT/checks/aa.json"
 
-section corpus 240 python3 -m pytest -c /dev/null --noconftest -p no:cacheprovider -q -rA \
+wanted corpus && section corpus 240 python3 -m pytest -c /dev/null --noconftest -p no:cacheprovider -q -rA \
   tests/test_harness_corpus.py -k "gpu_hack or planted or correct" --rootdir .
 
-section red_team 300 python3 scripts/red_team.py --device "$DEVICE" --json "$OUT/checks/red_team.json"
+wanted red_team && section red_team 330 python3 scripts/red_team.py --device "$DEVICE" --json "$OUT/checks/red_team.json"
 
-if [[ ${1:-} == --repeatability ]]; then
-  section repeatability 540 python3 bench/repeatability.py dsa_indexer_topk baseline \
-    runners/ops/dsa_indexer_topk/kernels/chunked_topk.py --device "$DEVICE" --repeats 3 \
-    --out "$OUT/checks/repeatability"
-fi
+wanted repeatability && section repeatability ${REPEATABILITY_S:-560} python3 bench/repeatability.py dsa_indexer_topk \
+  baseline runners/ops/dsa_indexer_topk/kernels/chunked_topk.py --device "$DEVICE" --repeats 3 \
+  --time-budget 0.5 --out "$OUT/checks/repeatability"
 
 tar czf "$OUT/checks.tgz" -C "$OUT" checks && rm -rf "$OUT/checks"
 printf '%s\n' "${SUMMARY[@]}"

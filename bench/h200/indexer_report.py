@@ -37,6 +37,13 @@ def load(results: Path) -> list[tuple[dict, list[dict]]]:
     for path in sorted(results.glob("sweep_*.jsonl")):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         runs.append((lines[0], lines[1:]))
+    # A kernel swept in more than one run (its source changed between them) is named
+    # with the time its run started, so the versions stay apart.
+    kernels = [(header["op"], header["kernel"]) for header, _ in runs]
+    for header, _ in runs:
+        header["label"] = header["kernel"]
+        if kernels.count((header["op"], header["kernel"])) > 1:
+            header["label"] += f" (run of {header['started_at'][:16].replace('T', ' ')})"
     return runs
 
 
@@ -57,9 +64,9 @@ def timing_table(op: str, runs: list[tuple[dict, list[dict]]]) -> list[str]:
     for header, line in rows:
         base = line["result"]["workloads"]
         point = ", ".join(f"{k}={v}" for k, v in line["params"].items())
-        out.append(f"| baseline (timed with {header['kernel']} #{line['number']}) | | " + " | ".join(
+        out.append(f"| baseline (timed with {header['label']} #{line['number']}) | | " + " | ".join(
             _ms(w["baseline_ms"], w.get("baseline_ci_ms")) for w in base) + " |")
-        out.append(f"| {header['kernel']} | {point} | " + " | ".join(
+        out.append(f"| {header['label']} | {point} | " + " | ".join(
             f"{_ms(w['candidate_ms'], w.get('candidate_ci_ms'))}<br>{w['speedup']:.2f}x"
             f"{'*' if w.get('significant') else ''}, {100 * (w.get('roofline_fraction') or 0):.0f}% of floor"
             for w in base) + " |")
@@ -78,7 +85,7 @@ def e2e_table(runs: list[tuple[dict, list[dict]]]) -> list[str]:
                      if e2e.get("delta_pct") is not None else "not measured for this op")
             dispatch = (result.get("dispatch") or {}).get("summary", "–")
             point = ", ".join(f"{k}={v}" for k, v in line["params"].items())
-            out.append(f"| {header['op']} | {header['kernel']} | {point} | {result['verdict']} | {delta} | {dispatch} |")
+            out.append(f"| {header['op']} | {header['label']} | {point} | {result['verdict']} | {delta} | {dispatch} |")
     return out
 
 

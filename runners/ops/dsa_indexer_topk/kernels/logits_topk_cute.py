@@ -72,6 +72,14 @@ _WARP = 32
 # first; a histogram of the first is what the scores kernels count.
 _BINS = 2048
 _LOW_BINS = 1024
+# The select keeps the top-k-th score's first-digit bin in shared memory when it holds
+# at most this many scores (a key and an index each: 128 KB); fuller bins, from many
+# equal or nearly equal scores, take passes over the row instead.
+_CANDIDATES = 16384
+# 16-byte loads each select thread has in flight in its pass over the row.
+_LOADS_IN_FLIGHT = 4
+# The chosen indices are sorted in shared memory, up to this many.
+_MAX_TOPK = 8192
 # Hopper: H200 and H100 SXM.
 _DEFAULT_SMS = 132
 
@@ -118,12 +126,70 @@ def _write_hist(
 # --- scores: 16-bit on the tensor cores ----------------------------------------------
 
 
+@cute.jit
+def _issue_mma(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrK: cute.Tensor, tCrQ: cute.Tensor,
+    stage: cutlass.Int32, dim: cutlass.Constexpr,
+):
+    """Start one key tile's wgmma into acc, asynchronously. Returns the tiled MMA, whose
+    accumulate flag changed, for the caller to rebind (so a branch carries it out)."""
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(dim // 16):
+        # The tile's first k-block overwrites the accumulator: no zero-fill needed.
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(tiled_mma, acc, tCrK[(None, None, kb, stage)], tCrQ[(None, None, kb, 0)], acc)
+    warpgroup.commit_group()
+    return tiled_mma
+
+
+@cute.jit
+def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp):
+    """Load the next key tile into the stage just freed, so the load overlaps the work."""
+    if warp == 0 and producer.count < tile_count:
+        keys.producer_acquire(producer)
+        cute.copy(
+            tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
+            tma_bar_ptr=keys.producer_get_barrier(producer),
+        )
+        keys.producer_commit(producer)
+        producer.advance()
+    return producer
+
+
+@cute.jit
+def _reduce_tile(
+    acc: cute.Tensor, tCcC: cute.Tensor, weight: cute.Tensor, scores: cute.Tensor,
+    hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Constexpr,
+    heads: cutlass.Constexpr, quad: cutlass.Int32,
+):
+    """sum_h w[m, h] * relu(logit) for the tile's tokens: this thread's heads of each (row
+    half, query row), then the quad's other three lanes through two shuffles; each sum
+    is stored and counted in the histogram."""
+    partials = []
+    for half in cutlass.range_constexpr(2):
+        for r in cutlass.range_constexpr(rows):
+            part = cutlass.Float32(0.0)
+            for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                for i in cutlass.range_constexpr(2):
+                    part += weight[i, b] * cute.arch.fmax(acc[(i, half, b), 0, 0], cutlass.Float32(0.0))
+            part += cute.arch.shuffle_sync_bfly(part, 1)
+            part += cute.arch.shuffle_sync_bfly(part, 2)
+            partials.append(part)
+    # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
+    for e in cutlass.range_constexpr(2 * rows):
+        half, r = divmod(e, rows)
+        token = tile_start + tCcC[(0, half, 0), 0, 0][0]
+        if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
+            _record(scores, hist, row0 + r, token, r, partials[e])
+
+
 @cute.kernel
 def _score_tiles(
     tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
     weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tiled_mma: cute.TiledMma,
     k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout, dtype: cutlass.Constexpr,
     rows: cutlass.Constexpr, stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+    overlap: cutlass.Constexpr,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     group, split, _ = cute.arch.block_idx()
@@ -190,73 +256,63 @@ def _score_tiles(
                 q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
             )
         cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
-        for _ in cutlass.range(cutlass.min(stages, tile_count), unroll=1):
-            keys.producer_acquire(producer)
-            cute.copy(
-                tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
-                tma_bar_ptr=keys.producer_get_barrier(producer),
-            )
-            keys.producer_commit(producer)
-            producer.advance()
+    for _ in cutlass.range_constexpr(stages):
+        producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
 
     thr_mma = tiled_mma.get_slice(tidx)
     tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
     tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
     # (token, query head) of every accumulator element this thread holds.
     tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
-    acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
     # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
     # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
     # blocks b of its 64 columns, shared out over the lanes of one quad.
+    acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
     assert cute.size(acc) == 4 * (cols // 8)
     quad = lane % 4
+    # The weights of this thread's columns, read from shared memory once.
+    weight = cute.make_rmem_tensor((2, cols // 8), cutlass.Float32)
+    for b in cutlass.range_constexpr(cols // 8):
+        for i in cutlass.range_constexpr(2):
+            weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
-    consumer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+    read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+    release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
-    for t in cutlass.range(tile_count, unroll=1):
-        keys.consumer_wait(consumer)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(dim // 16):
-            # The tile's first k-block overwrites the accumulator: no zero-fill needed.
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            keys_kb = tCrK[(None, None, kb, consumer.index)]
-            cute.gemm(tiled_mma, acc, keys_kb, tCrQ[(None, None, kb, 0)], acc)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        keys.consumer_release(consumer)
-        consumer.advance()
-
-        # Refill the stage just freed before the epilogue, so the load overlaps it.
-        if warp == 0 and producer.count < tile_count:
-            keys.producer_acquire(producer)
-            cute.copy(
-                tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
-                tma_bar_ptr=keys.producer_get_barrier(producer),
-            )
-            keys.producer_commit(producer)
-            producer.advance()
-
-        # sum_h w[m, h] * relu(logit): this thread's heads of each (row half, query
-        # row), then the quad's other three lanes through two shuffles.
-        partials = []
-        for half in cutlass.range_constexpr(2):
-            for r in cutlass.range_constexpr(rows):
-                part = cutlass.Float32(0.0)
-                for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
-                    for i in cutlass.range_constexpr(2):
-                        logit = acc[(i, half, b), 0, 0]
-                        column = tCcC[(i, half, b), 0, 0][1]
-                        part += sW[column] * cute.arch.fmax(logit, cutlass.Float32(0.0))
-                part += cute.arch.shuffle_sync_bfly(part, 1)
-                part += cute.arch.shuffle_sync_bfly(part, 2)
-                partials.append(part)
-        # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
-        tile_start = (first_tile + t) * _TOKENS
-        for e in cutlass.range_constexpr(2 * rows):
-            half, r = divmod(e, rows)
-            token = tile_start + tCcC[(0, half, 0), 0, 0][0]
-            if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
-                _record(scores, sHist, row0 + r, token, r, partials[e])
+    if cutlass.const_expr(overlap):
+        # Two accumulators: while the tensor cores work on tile t+1, the warps reduce
+        # tile t. Tiles go in pairs so each accumulator's name is fixed at compile time.
+        acc_next = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+        keys.consumer_wait(read)
+        tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+        read.advance()
+        for t in cutlass.range(0, tile_count, 2, unroll=1):
+            for step in cutlass.range_constexpr(2):
+                current, following = (acc, acc_next) if step == 0 else (acc_next, acc)
+                if t + step < tile_count:
+                    if t + step + 1 < tile_count:
+                        keys.consumer_wait(read)
+                        tiled_mma = _issue_mma(tiled_mma, following, tCrK, tCrQ, read.index, dim)
+                        read.advance()
+                        warpgroup.wait_group(1)
+                    else:
+                        warpgroup.wait_group(0)
+                    keys.consumer_release(release)
+                    release.advance()
+                    producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
+                    _reduce_tile(current, tCcC, weight, scores, sHist, (first_tile + t + step) * _TOKENS,
+                                 row0, rows, heads, quad)
+    else:
+        for t in cutlass.range(tile_count, unroll=1):
+            keys.consumer_wait(read)
+            tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+            read.advance()
+            warpgroup.wait_group(0)
+            keys.consumer_release(release)
+            release.advance()
+            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
+            _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * _TOKENS, row0, rows,
+                         heads, quad)
 
     cute.arch.sync_threads()
     _write_hist(sHist, hist, split, row0, rows, _MMA_THREADS)
@@ -266,7 +322,7 @@ def _score_tiles(
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
     hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr, overlap: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
@@ -289,7 +345,7 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, weights, scores, hist, tiled_mma, k_layout, q_layout,
-        k.element_type, rows, stages, tiles_per_cta,
+        k.element_type, rows, stages, tiles_per_cta, overlap,
     ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1), stream=stream)
 
 
@@ -355,8 +411,8 @@ def _threshold_bin(
     hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
     warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
 ):
-    """found = (bin, count above it): the bin, from the top, where the running count
-    first reaches `need`. Thread t owns bins/threads bins counted down from the top; a
+    """found = (bin, count above it, count in it): the bin, from the top, where the
+    running count first reaches `need`. Thread t owns bins/threads bins counted down from the top; a
     block-wide prefix sum over threads finds the one thread whose bins cross `need`."""
     tidx, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
@@ -386,26 +442,86 @@ def _threshold_bin(
             if above < need and need <= above + count:
                 found[0] = first - i
                 found[1] = above
+                found[2] = count
             above += count
     cute.arch.sync_threads()
 
 
+@cute.jit
+def _candidates(
+    scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
+    indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """One pass over the row in 16-byte loads, several in flight per thread: every score
+    whose first digit is above `top` is chosen outright; those whose first digit is
+    `top` go to (keys, indices), the candidates for the remaining places."""
+    tidx, _, _ = cute.arch.thread_idx()
+    context = scores.shape[1]
+    vec = 4 if context % 4 == 0 else 1
+    # (vec, context // vec): column j is the row's j-th vector.
+    row_vectors = cute.zipped_divide(scores[row, None], (vec,))
+    vectors = context // vec
+    step = threads * _LOADS_IN_FLIGHT
+    for base in cutlass.range(tidx, vectors, step, unroll=1):
+        chunks = [cute.make_rmem_tensor((vec,), cutlass.Float32) for _ in range(_LOADS_IN_FLIGHT)]
+        # Issue every load before the first use, so they travel together.
+        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
+            j = base + u * threads
+            if j < vectors:
+                cute.autovec_copy(row_vectors[None, j], chunks[u])
+        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
+            j = base + u * threads
+            if j < vectors:
+                for e in cutlass.range_constexpr(vec):
+                    key = _radix_key(chunks[u][e])
+                    digit = key >> cutlass.Uint32(21)
+                    if digit > top:
+                        slot = cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))
+                        chosen[slot] = j * vec + e
+                    elif digit == top:
+                        slot = cute.arch.atomic_add(counts.iterator + 1, cutlass.Int32(1))
+                        # The histogram said the bin fits; never write past it regardless.
+                        if slot < _CANDIDATES:
+                            keys[slot] = key
+                            indices[slot] = j * vec + e
+
+
+@cute.jit
+def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass.Constexpr):
+    """Sort values[:size] ascending in shared memory; size is a power of two."""
+    tidx, _, _ = cute.arch.thread_idx()
+    for level in cutlass.range_constexpr(size.bit_length() - 1):
+        span = 2 << level
+        for step in cutlass.range_constexpr(level + 1):
+            stride = span >> (step + 1)
+            for p in cutlass.range(tidx, size // 2, threads, unroll=1):
+                i = 2 * stride * (p // stride) + p % stride
+                j = i + stride
+                low, high = values[i], values[j]
+                ascending = (i & span) == 0
+                if (low > high) == ascending:
+                    values[i] = high
+                    values[j] = low
+            cute.arch.sync_threads()
+
+
 @cute.kernel
 def _select_rows(
-    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr,
+    sorted_slots: cutlass.Constexpr,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     row, _, _ = cute.arch.block_idx()
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    context = scores.shape[1]
     topk = out.shape[1]
-    warps = threads // _WARP
 
     smem = cutlass.memory.SmemAllocator()
     sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
-    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * warps), 16)
-    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 16)
+    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * (threads // _WARP)), 16)
+    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
+    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 16)
+    sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
+    sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
+    sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
 
     # Digit 1 (key bits 31..21): the scores kernels' histograms, summed over splits.
     for b in cutlass.range(tidx, _BINS, threads, unroll=1):
@@ -413,10 +529,86 @@ def _select_rows(
         for s in cutlass.range(hist.shape[0], unroll=1):
             total += hist[s, row, b]
         sHist[b] = total
+    if tidx < 2:
+        sCounts[tidx] = 0
+    # Slots the top-k leaves empty sort last and are never written out.
+    for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
+        sChosen[i] = cutlass.Int32(0x7FFFFFFF)
     cute.arch.sync_threads()
     _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
     top = cutlass.Uint32(sFound[0])
     need = topk - sFound[1]
+    in_bin = sFound[2]
+
+    if in_bin <= _CANDIDATES:
+        # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
+        # the row is read once and digits 2 and 3 are counted among the candidates.
+        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads)
+        for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+            sHist[b] = 0
+        cute.arch.sync_threads()
+        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+            digit = cutlass.Int32((sKeys[c] >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+        cute.arch.sync_threads()
+        _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
+        top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+        need -= sFound[1]
+
+        for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
+            sHist[b] = 0
+        cute.arch.sync_threads()
+        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+            key = sKeys[c]
+            if key >> cutlass.Uint32(10) == top:
+                digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
+                cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+        cute.arch.sync_threads()
+        _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
+        kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+        ties = need - sFound[1]
+        tied = sFound[2]
+
+        # Candidates above the top-k-th key join the chosen; of those equal to it, the
+        # `ties` lowest-indexed, ranked among themselves where not all of them fit.
+        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+            key = sKeys[c]
+            index = sIndices[c]
+            take = key > kth
+            if key == kth:
+                rank = cutlass.Int32(0)
+                if tied > ties:
+                    for other in cutlass.range(in_bin, unroll=1):
+                        if sKeys[other] == kth and sIndices[other] < index:
+                            rank += 1
+                take = rank < ties
+            if take:
+                sChosen[cute.arch.atomic_add(sCounts.iterator, cutlass.Int32(1))] = index
+        cute.arch.sync_threads()
+        # Slots were handed out by atomics, in no fixed order: sorting the indices makes
+        # the output the same bit for bit on every call.
+        _bitonic_sort(sChosen, sorted_slots, threads)
+        for i in cutlass.range(tidx, topk, threads, unroll=1):
+            out[row, i] = cutlass.Int64(sChosen[i])
+    else:
+        _select_by_passes(scores, out, row, top, need, sHist, sWarp, sFound, threads)
+
+
+@cute.jit
+def _select_by_passes(
+    scores: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32,
+    need: cutlass.Int32, sHist: cute.Tensor, sWarp: cute.Tensor, sFound: cute.Tensor,
+    threads: cutlass.Constexpr,
+):
+    """The bin is too full for shared memory (many equal or nearly equal scores): two
+    passes over the row refine digits 2 and 3, then a count pass and a write pass emit
+    the chosen indices in token order, slots handed out by ballots."""
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    context = scores.shape[1]
+    topk = out.shape[1]
+    warps = threads // _WARP
 
     # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
     for b in cutlass.range(tidx, _BINS, threads, unroll=1):
@@ -497,9 +689,9 @@ def _select_rows(
 @cute.jit
 def _launch_select(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream,
-    threads: cutlass.Constexpr,
+    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr,
 ):
-    _select_rows(scores, hist, out, threads).launch(
+    _select_rows(scores, hist, out, threads, sorted_slots).launch(
         grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream
     )
 
@@ -549,8 +741,12 @@ def _simt_splits(rows_m: int, context: int, sms: int) -> tuple[int, int]:
 def compiled_scores_mma(
     dtype: torch.dtype, rows_m: int, heads: int, dim: int, context: int,
     rows: int, stages: int, sms: int, weight_dtype: torch.dtype = torch.float32,
+    overlap: bool | None = None,
 ):
-    """The tensor-core scores kernel for one shape and parameters; no GPU needed."""
+    """The tensor-core scores kernel for one shape and parameters; no GPU needed.
+
+    `overlap` (by default: when two accumulators fit, ROWS*H <= 128) reduces one key
+    tile while the tensor cores compute the next; ROWS=4 needs all registers for one."""
     if rows * heads > 256 or heads % 8 or dim % 64:
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 64 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
@@ -561,6 +757,7 @@ def compiled_scores_mma(
         _fake(element, (rows_m * heads, dim)), _fake(element, (context, dim)),
         _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
         _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), rows, stages, per_cta,
+        bool(overlap),
     )
 
 
@@ -582,10 +779,13 @@ def compiled_scores_simt(
 @functools.cache
 def compiled_select(rows_m: int, context: int, splits: int, topk: int, threads: int):
     """The select kernel for one shape; no GPU needed."""
+    if topk > _MAX_TOPK:
+        raise ValueError(f"logits_topk_cute selects at most {_MAX_TOPK} per row; got top-{topk}")
     return cute.compile(
         _launch_select,
         _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
         _fake(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
+        1 << (topk - 1).bit_length(),
     )
 
 

@@ -1,0 +1,113 @@
+"""Where logits_topk_cute's time goes: its two launches timed apart, per variant.
+
+    python3 bench/h200/indexer_split.py [--ctx 16384,65536,131072,262144] [--replays 30]
+        [--out split.jsonl]
+
+The kernel's forward is two launches: the wgmma scores (with the first radix digit's
+histogram) and the per-row select. Each is captured alone in a CUDA graph and timed
+over `--replays` replays, L2 flushed before each (as `indexer_points.py` does), for
+the scores kernel's variants (ROWS, STAGES, and whether one key tile is reduced while
+the tensor cores compute the next) and the select's thread counts; the whole forward
+of the shipped parameters is timed the same way and checked against the op's reference
+first. Per context it also reports how many scores share the top-k-th score's
+first-digit bin (the select's candidates: at most 16384 are kept in shared memory,
+fuller bins take passes over the row). A scouting tool like `indexer_points.py`: its
+numbers choose what the harness evaluates and are not results.
+
+Needs torch and CuTe DSL (on PYTHONPATH) on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from cutlass.cute.runtime import from_dlpack  # noqa: E402
+from indexer_points import ROOT, check, load, time_graph  # noqa: E402
+
+from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
+from runners.ops import get_op  # noqa: E402
+
+KERNEL = ROOT / "runners/ops/dsa_indexer_topk/kernels/logits_topk_cute.py"
+# (ROWS, STAGES, overlap): the scores kernel's variants worth telling apart.
+SCORE_VARIANTS = [(2, 2, True), (2, 2, False), (2, 3, True), (2, 3, False), (4, 2, False), (4, 3, False)]
+SELECT_THREADS = [512, 1024]
+
+
+def candidates_in_bin(scores: torch.Tensor, topk: int) -> list[int]:
+    """Per row: how many scores share the first 11 key bits of the top-k-th score."""
+    bits = scores.contiguous().view(torch.int32)
+    keys = torch.where(bits < 0, ~bits, bits | torch.iinfo(torch.int32).min)  # orders like the floats
+    digit = (keys >> 21) & 0x7FF
+    kth = scores.topk(topk, dim=1).values[:, -1:]
+    kth_bits = kth.contiguous().view(torch.int32)
+    kth_digit = (torch.where(kth_bits < 0, ~kth_bits, kth_bits | torch.iinfo(torch.int32).min) >> 21) & 0x7FF
+    return (digit == kth_digit).sum(dim=1).tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ctx", default="16384,65536,131072,262144")
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("split.jsonl"))
+    args = parser.parse_args()
+    op = get_op("dsa_indexer_topk")
+    module = load(KERNEL, "logits_topk_cute")
+    wrong = check(op, module.forward)
+    if wrong:
+        raise SystemExit(f"logits_topk_cute is wrong: {wrong}")
+    flush = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    sms = module._sms()
+    hardware = hardware_key("cuda")
+    table = []
+    with args.out.open("w") as out:
+        for context in (int(c) for c in args.ctx.split(",")):
+            workload = op.workloads("cuda", [context], op.default_batch_sizes("cuda"))[0]
+            inputs = op.make_inputs(workload, 11, "normal")
+            q, k, weights, topk = inputs["q"], inputs["k"], inputs["weights"], inputs["topk"]
+            rows_m, heads, dim = q.shape
+            row = {"context": context, "floor_ms": floor_ms(op, workload, hardware)}
+            row["forward_ms"] = statistics.median(time_graph(module.forward, inputs, args.replays, flush))
+            scores = torch.empty(rows_m, context, dtype=torch.float32, device="cuda")
+            for rows, stages, overlap in SCORE_VARIANTS:
+                splits, _ = module._mma_splits(rows_m, context, rows, sms)
+                hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device="cuda")
+                kernel = module.compiled_scores_mma(
+                    q.dtype, rows_m, heads, dim, context, rows, stages, sms, weights.dtype, overlap)
+                tensors = [from_dlpack(t, assumed_align=16) for t in (q.view(rows_m * heads, dim), k, weights, scores, hist)]
+
+                def launch(*_unused, kernel=kernel, tensors=tensors):
+                    kernel(*tensors, module._stream(q))
+
+                key = f"scores ROWS={rows} STAGES={stages} overlap={overlap}"
+                row[key] = statistics.median(time_graph(launch, {}, args.replays, flush))
+            # The select reads the scores and histograms of the last variant run.
+            row["in_bin"] = candidates_in_bin(scores, topk)
+            out_idx = torch.empty(rows_m, topk, dtype=torch.int64, device="cuda")
+            for threads in SELECT_THREADS:
+                select = module.compiled_select(rows_m, context, hist.shape[0], topk, threads)
+                tensors = [from_dlpack(t, assumed_align=16) for t in (scores, hist, out_idx)]
+
+                def launch(*_unused, select=select, tensors=tensors):
+                    select(*tensors, module._stream(q))
+
+                row[f"select threads={threads}"] = statistics.median(time_graph(launch, {}, args.replays, flush))
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            table.append(row)
+            print(json.dumps({key: value for key, value in row.items() if key != "in_bin"}), file=sys.stderr, flush=True)
+    keys = [key for key in table[0] if key not in ("context", "in_bin")]
+    print(f"{'ms':<36}" + "".join(f"{row['context'] // 1024:>9}K" for row in table))
+    for key in keys:
+        print(f"{key:<36}" + "".join(f"{row[key]:10.3f}" for row in table))
+    print(f"{'candidates in bin (max of rows)':<36}" + "".join(f"{max(row['in_bin']):10d}" for row in table))
+
+
+if __name__ == "__main__":
+    main()
