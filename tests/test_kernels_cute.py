@@ -86,7 +86,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _run_child(script, kernel, scratch, timeout):
+def _run_child(script, kernel, scratch, timeout, *args):
     env = {
         **os.environ,
         **child_environment("cute", "cuda" if ON_GPU else "cpu", scratch),
@@ -95,7 +95,7 @@ def _run_child(script, kernel, scratch, timeout):
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     done = subprocess.run(
-        [sys.executable, "-c", script, str(kernel), str(scratch)],
+        [sys.executable, "-c", script, str(kernel), str(scratch), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -147,8 +147,10 @@ def test_the_static_check_finds_the_launched_cute_kernel():
 
 INDEXER = get_op("dsa_indexer_topk").kernels()["logits_topk_cute"]
 
-INDEXER_CHILD = textwrap.dedent("""
-    import importlib.util, json, re, sys
+# What both indexer kernels' children share: the op, its workloads, loading a point,
+# and the facts read from a kernel's PTX.
+INDEXER_COMMON = textwrap.dedent("""
+    import dataclasses, importlib.util, json, re, sys
     from pathlib import Path
 
     import torch
@@ -158,8 +160,8 @@ INDEXER_CHILD = textwrap.dedent("""
     from runners.space import grid_points, materialize, read_literals
     from tests.kernel_checks import DISTRIBUTIONS, check_failures
 
-    path, scratch = Path(sys.argv[1]), Path(sys.argv[2])
-    source, op, on_gpu = path.read_text(), get_op("dsa_indexer_topk"), torch.cuda.is_available()
+    path, scratch, op_name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    source, op, on_gpu = path.read_text(), get_op(op_name), torch.cuda.is_available()
     # The model's heads and head size; 3 query rows leave a partial group of rows, 5000
     # tokens a partial key tile and uneven spans per CTA.
     workloads = op.workloads("cuda", [2048, 5000], [3, 64])
@@ -177,14 +179,27 @@ INDEXER_CHILD = textwrap.dedent("""
         ptx = kernel.artifacts.PTX
         return {
             "targets": re.findall(r"[.]target (\\S+)", ptx),
-            "wgmma": sorted(set(re.findall(
-                r"wgmma[.]mma_async[.]sync[.]aligned[.](m\\d+n\\d+k\\d+)[.]f32[.]bf16[.]bf16", ptx))),
+            # shape.A type.B type of every warpgroup MMA, accumulating in float32
+            "wgmma": sorted({".".join(found) for found in re.findall(
+                r"wgmma[.]mma_async[.]sync[.]aligned[.](m\\d+n\\d+k\\d+)[.]f32[.](\\w+)[.](\\w+)", ptx)}),
             "tma_loads": ptx.count("cp.async.bulk.tensor"),
             "smem_atomics": ptx.count("atom.shared.add"),
             "ballots": ptx.count("vote.sync.ballot"),
             "wide_loads": ptx.count("ld.global.v4"),
         }
 
+    def launched(module, *args):
+        with launch_counter("cute") as launches:
+            try:
+                module.forward(*args)
+                error = None
+            except Exception as failure:
+                error = {"type": type(failure).__name__, "message": str(failure)}
+        return {"count": launches.count, "compiles": launches.compiles, "error": error,
+                "torch_compute": dict(torch_compute(launches.torch_ops))}
+""")
+
+INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     def float32_failures(module):
         # float32 inputs take their own path and the tight float32 tolerance.
         found = []
@@ -229,27 +244,32 @@ INDEXER_CHILD = textwrap.dedent("""
     gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module),
             "equal_scores_wrong": equal_scores_wrong(module)} if on_gpu else None)
 
-    module = load(source, "launched")
     device = "cuda" if on_gpu else "cpu"
-    q = torch.randn(3, 64, 128, device=device).bfloat16()
-    k = torch.randn(5000, 128, device=device).bfloat16()
-    weights = torch.randn(3, 64, device=device)
-    with launch_counter("cute") as launches:
-        try:
-            module.forward(q, k, weights, 2048)
-            error = None
-        except Exception as failure:
-            error = {"type": type(failure).__name__, "message": str(failure)}
-    launch = {"count": launches.count, "compiles": launches.compiles, "error": error,
-              "torch_compute": dict(torch_compute(launches.torch_ops))}
+    launch = launched(load(source, "launched"), torch.randn(3, 64, 128, device=device).bfloat16(),
+                      torch.randn(5000, 128, device=device).bfloat16(), torch.randn(3, 64, device=device), 2048)
     print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch}))
+""")
+
+FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
+    points = {}
+    for index, point in enumerate(grid_points(read_literals(source)[1])):
+        module = load(materialize(source, point), f"point{index}")
+        scores = module.compiled_scores_mma(64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132)
+        key = ",".join(f"{name}={value}" for name, value in point.items())
+        points[key] = {"scores": ptx_facts(scores),
+                       "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
+
+    # 3 query rows and 5000 tokens, made where this machine can hold them.
+    workload = dataclasses.replace(workloads[1], device="cuda" if on_gpu else "cpu")
+    launch = launched(load(source, "launched"), *op.make_inputs(workload, 13, "normal").values())
+    print(json.dumps({"points": points, "launch": launch}))
 """)
 
 
 @pytest.fixture(scope="module")
 def indexer_child(tmp_path_factory):
     # On a GPU every point is checked on 4 shapes, each compiled anew: allow for that.
-    return _run_child(INDEXER_CHILD, INDEXER, tmp_path_factory.mktemp("cute-indexer"), 600)
+    return _run_child(INDEXER_CHILD, INDEXER, tmp_path_factory.mktemp("cute-indexer"), 600, "dsa_indexer_topk")
 
 
 @pytest.mark.parametrize("label", list(_labels(INDEXER)))
@@ -260,7 +280,7 @@ def test_every_indexer_space_point_compiles_to_wgmma_fed_by_tma(indexer_child, l
         assert scores["targets"] == select["targets"] == ["sm_90a"]
     # bfloat16 in, float32 accumulated; the MMA's N is ROWS query rows of 64 heads.
     rows = int(label.split("ROWS=")[1].split(",")[0])
-    assert scores["wgmma"] == [f"m64n{64 * rows}k16"]
+    assert scores["wgmma"] == [f"m64n{64 * rows}k16.bf16.bf16"]
     assert scores["tma_loads"] > 0
     # The select's first digit, counted in shared memory as the scores are made.
     assert scores["smem_atomics"] > 0
@@ -301,6 +321,49 @@ def test_on_a_gpu_the_indexer_forward_launches_its_two_kernels_and_no_torch_comp
 
 def test_the_static_check_finds_the_launched_indexer_kernels():
     status, detail = static_check(INDEXER.read_text(), "cute")
+    assert status == "pass", detail
+    assert detail.startswith("forward launches @cute.kernel _")
+
+
+# --- the FP8 indexer: logits_topk_fp8_cute -------------------------------------------
+
+FP8_INDEXER = get_op("dsa_indexer_topk_fp8").kernels()["logits_topk_fp8_cute"]
+
+
+@pytest.fixture(scope="module")
+def fp8_child(tmp_path_factory):
+    return _run_child(FP8_CHILD, FP8_INDEXER, tmp_path_factory.mktemp("cute-fp8"), 600, "dsa_indexer_topk_fp8")
+
+
+@pytest.mark.parametrize("label", list(_labels(FP8_INDEXER)))
+def test_every_fp8_indexer_space_point_compiles_to_e4m3_wgmma_fed_by_tma(fp8_child, label):
+    point = fp8_child["points"][label]
+    scores = point["scores"]
+    if not ON_GPU:
+        assert scores["targets"] == ["sm_90a"]
+    # e4m3 in, float32 accumulated, 32 of D per instruction; N is ROWS query rows of 64 heads.
+    rows = int(label.split("ROWS=")[1].split(",")[0])
+    assert scores["wgmma"] == [f"m64n{64 * rows}k32.e4m3.e4m3"]
+    assert scores["tma_loads"] > 0 and scores["smem_atomics"] > 0
+    if ON_GPU:
+        assert point["failures"] == []
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+def test_without_a_gpu_the_fp8_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(fp8_child):
+    launch = fp8_child["launch"]
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    assert (launch["compiles"], launch["count"], launch["torch_compute"]) == (1, 0, {})
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_fp8_indexer_launches_its_two_kernels_and_no_torch_compute(fp8_child):
+    assert fp8_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
+
+
+def test_the_static_check_finds_the_launched_fp8_indexer_kernels():
+    status, detail = static_check(FP8_INDEXER.read_text(), "cute")
     assert status == "pass", detail
     assert detail.startswith("forward launches @cute.kernel _")
 

@@ -1,0 +1,730 @@
+"""The FP8 lightning indexer in CuTe DSL for Hopper: e4m3 warpgroup-MMA scores with the
+first radix digit of the top-k fused in, then an exact radix select per query row.
+
+dsa_indexer_topk's logits_topk_cute on DeepSeek's FP8 inputs: q and k in float8 e4m3,
+one float32 scale per key token (k_scale), q's scale folded into the weights.
+
+1. Scores (`_score_tiles`). A CTA owns ROWS query rows and one contiguous span of the
+   context. The rows' queries, [ROWS*H, D] in e4m3, arrive once by TMA and stay in
+   shared memory; the span's keys stream through a STAGES-deep TMA pipeline in tiles of
+   128 tokens x D (16 KB at D=128, half the bf16 kernel's). Per tile, two warpgroups
+   issue e4m3 wgmma (k = 32 per instruction, twice the bf16 rate) with the tokens as
+   the MMA's M (64 per warpgroup), the ROWS*H query heads as its N (128 or 256) and D
+   as its K, accumulated in float32. All heads of one token sit in one quad of lanes:
+   ReLU, the weights and the sum over heads happen in registers plus two shuffles. The
+   key's scale is positive and shared by every head, so relu(s * x) = s * relu(x) and
+   it multiplies each token's summed score once. Each score goes to an [M, N] float32
+   buffer and into the CTA's histogram of its top 11 key bits, the first digit of the
+   select; each CTA writes its histogram out. The CTAs tile the grid as (row groups) x
+   (context spans), one per SM.
+2. Select (`_select_rows`), as in the bf16 kernel. One CTA per query row. The summed
+   histograms give the bin that holds the top-k-th score. One pass over the row, in
+   16-byte loads with several in flight per thread, takes every score above that bin
+   and copies the bin's own scores (key and index) to shared memory; digits 2 and 3
+   are then counted there, which pins the exact top-k-th key, and the lowest-indexed
+   ties fill the last places. The chosen indices are sorted in shared memory, so the
+   same inputs give the same output bit for bit although atomics handed out the slots.
+   A bin too full for shared memory (over 16K scores) takes passes over the row
+   instead, slots handed out in token order by ballots.
+
+No torch op computes anything: forward only allocates.
+
+- ROWS: query rows per CTA; ROWS x H is the MMA's N (at most 256), and each key tile
+  in shared memory serves all of them.
+- STAGES: key tiles in flight (16 KB each at D=128).
+- SELECT_THREADS: threads of each row's select CTA (1024 beat 512 in the bf16 kernel
+  at every context on the H200).
+
+The kernels are compiled once per (shape, parameters) for the GPU in hand; on a machine
+without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch then
+fails for want of a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import cuda.bindings.driver as cuda
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass.tensor_utils import LayoutEnum
+
+# Not yet timed on a GPU: the bf16 kernel's best ROWS, one stage more for tiles half
+# the size.
+PARAMS = {
+    "ROWS": 2,
+    "STAGES": 4,
+    "SELECT_THREADS": 1024,
+}
+
+SPACE = {
+    "ROWS": [2, 4],
+    "STAGES": [3, 4, 6],
+    "SELECT_THREADS": [1024],
+}
+
+# Context tokens per key tile: the M of two warpgroups' 64-row wgmma.
+_TOKENS = 128
+_MMA_THREADS = 256
+_WARP = 32
+# A score's radix key is split into digits of 11, 11 and 10 bits, most significant
+# first; a histogram of the first is what the scores kernels count.
+_BINS = 2048
+_LOW_BINS = 1024
+# The select keeps the top-k-th score's first-digit bin in shared memory when it holds
+# at most this many scores (a key and an index each: 128 KB); fuller bins, from many
+# equal or nearly equal scores, take passes over the row instead.
+_CANDIDATES = 16384
+# 16-byte loads each select thread has in flight in its pass over the row.
+_LOADS_IN_FLIGHT = 4
+# The chosen indices are sorted in shared memory, up to this many.
+_MAX_TOPK = 8192
+# Hopper: H200 and H100 SXM.
+_DEFAULT_SMS = 132
+
+_FP8 = torch.float8_e4m3fn
+_WEIGHT_DTYPES = {torch.float32: cutlass.Float32, torch.bfloat16: cutlass.BFloat16}
+
+
+# --- shared device helpers ------------------------------------------------------------
+
+
+@cute.jit
+def _radix_key(score: cutlass.Float32) -> cutlass.Uint32:
+    """An unsigned key that orders like the float: negatives have all bits flipped,
+    non-negatives only the sign bit."""
+    bits = score.bitcast(cutlass.Uint32)
+    flip = (cutlass.Uint32(0) - (bits >> cutlass.Uint32(31))) | cutlass.Uint32(0x80000000)
+    return bits ^ flip
+
+
+@cute.jit
+def _record(
+    scores: cute.Tensor, hist: cute.Tensor, row: cutlass.Int32, token: cutlass.Int32,
+    hist_row: cutlass.Int32, score: cutlass.Float32,
+):
+    """Store one score and count its first digit in the CTA's shared histogram."""
+    scores[row, token] = score
+    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
+    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
+
+
+@cute.jit
+def _write_hist(
+    hist_smem: cute.Tensor, hist: cute.Tensor, split: cutlass.Int32, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, threads: cutlass.Constexpr,
+):
+    """The CTA's histograms, one per query row it owns, to hist[split, row, :]."""
+    tidx, _, _ = cute.arch.thread_idx()
+    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        row = row0 + i // _BINS
+        if row < hist.shape[1]:
+            hist[split, row, i % _BINS] = hist_smem[i]
+
+
+# --- scores: 16-bit on the tensor cores ----------------------------------------------
+
+
+@cute.jit
+def _issue_mma(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrK: cute.Tensor, tCrQ: cute.Tensor,
+    stage: cutlass.Int32,
+):
+    """Start one key tile's wgmma into acc, asynchronously. Returns the tiled MMA, whose
+    accumulate flag changed, for the caller to rebind (so a branch carries it out)."""
+    warpgroup.fence()
+    # D / 32 k-blocks: an e4m3 wgmma takes 32 of D at a time.
+    for kb in cutlass.range_constexpr(cute.size(tCrK, mode=[2])):
+        # The tile's first k-block overwrites the accumulator: no zero-fill needed.
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(tiled_mma, acc, tCrK[(None, None, kb, stage)], tCrQ[(None, None, kb, 0)], acc)
+    warpgroup.commit_group()
+    return tiled_mma
+
+
+@cute.jit
+def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp):
+    """Load the next key tile into the stage just freed, so the load overlaps the work."""
+    if warp == 0 and producer.count < tile_count:
+        keys.producer_acquire(producer)
+        cute.copy(
+            tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
+            tma_bar_ptr=keys.producer_get_barrier(producer),
+        )
+        keys.producer_commit(producer)
+        producer.advance()
+    return producer
+
+
+@cute.jit
+def _reduce_tile(
+    acc: cute.Tensor, tCcC: cute.Tensor, weight: cute.Tensor, k_scale: cute.Tensor,
+    scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32,
+):
+    """k_scale[n] * sum_h w[m, h] * relu(logit) for the tile's tokens: this thread's heads
+    of each (row half, query row), then the quad's other three lanes through two
+    shuffles; each score is stored and counted in the histogram."""
+    partials = []
+    for half in cutlass.range_constexpr(2):
+        for r in cutlass.range_constexpr(rows):
+            part = cutlass.Float32(0.0)
+            for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                for i in cutlass.range_constexpr(2):
+                    part += weight[i, b] * cute.arch.fmax(acc[(i, half, b), 0, 0], cutlass.Float32(0.0))
+            part += cute.arch.shuffle_sync_bfly(part, 1)
+            part += cute.arch.shuffle_sync_bfly(part, 2)
+            partials.append(part)
+    # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
+    for e in cutlass.range_constexpr(2 * rows):
+        half, r = divmod(e, rows)
+        token = tile_start + tCcC[(0, half, 0), 0, 0][0]
+        if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
+            _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
+
+
+@cute.kernel
+def _score_tiles(
+    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
+    k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
+    tiled_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
+    dtype: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    group, split, _ = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    lane = cute.arch.lane_idx()
+    heads = weights.shape[1]
+    dim = k_tiles.shape[1]
+    cols = rows * heads
+    row0 = group * rows
+    first_tile = split * tiles_per_cta
+    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], _TOKENS) - first_tile)
+
+    if warp == 0:
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_q)
+
+    smem = cutlass.memory.SmemAllocator()
+    k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
+    q_barrier = smem.allocate_array(cutlass.Int64, 1)
+    sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
+    sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
+    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+
+    # Key tiles: one TMA producer thread, every consumer warp releases a stage.
+    k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
+    keys = pipeline.PipelineTmaAsync.create(
+        barrier_storage=k_barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, _MMA_THREADS // _WARP),
+        tx_count=k_bytes,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+    )
+    if warp == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(q_barrier, 1)
+    cute.arch.mbarrier_init_fence()
+    # Weights of rows past M are zero, so those rows score 0 and are never stored.
+    for i in cutlass.range(tidx, cols, _MMA_THREADS, unroll=1):
+        weight = cutlass.Float32(0.0)
+        if row0 + i // heads < weights.shape[0]:
+            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
+        sW[i] = weight
+    for i in cutlass.range(tidx, rows * _BINS, _MMA_THREADS, unroll=1):
+        sHist[i] = 0
+    cute.arch.sync_threads()
+
+    # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
+    # are filled with zeros by the TMA unit.
+    gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
+    gK = cute.local_tile(k_tiles, (_TOKENS, dim), (None, 0))
+    tQsQ, tQgQ = cpasync.tma_partition(
+        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+    )
+    tKsK, tKgK = cpasync.tma_partition(
+        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+    )
+
+    producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    if warp == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
+            )
+        cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
+    for _ in cutlass.range_constexpr(stages):
+        producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
+
+    thr_mma = tiled_mma.get_slice(tidx)
+    tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
+    tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
+    # (token, query head) of every accumulator element this thread holds.
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
+    # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
+    # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
+    # blocks b of its 64 columns, shared out over the lanes of one quad.
+    acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+    assert cute.size(acc) == 4 * (cols // 8)
+    quad = lane % 4
+    # The weights of this thread's columns, read from shared memory once.
+    weight = cute.make_rmem_tensor((2, cols // 8), cutlass.Float32)
+    for b in cutlass.range_constexpr(cols // 8):
+        for i in cutlass.range_constexpr(2):
+            weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
+
+    read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+    release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+    cute.arch.mbarrier_wait(q_barrier, 0)
+    for t in cutlass.range(tile_count, unroll=1):
+        keys.consumer_wait(read)
+        tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
+        read.advance()
+        warpgroup.wait_group(0)
+        keys.consumer_release(release)
+        release.advance()
+        producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
+        _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * _TOKENS, row0,
+                     rows, heads, quad)
+
+    cute.arch.sync_threads()
+    _write_hist(sHist, hist, split, row0, rows, _MMA_THREADS)
+
+
+@cute.jit
+def _launch_scores_mma(
+    q_rows: cute.Tensor, k: cute.Tensor, k_scale: cute.Tensor, weights: cute.Tensor,
+    scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr,
+    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+):
+    cols = rows * weights.shape[1]
+    dim = k.shape[1]
+    # Both operands are K-major: keys [N, D] are the A (M = tokens), queries [M*H, D]
+    # the B (N = query heads).
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
+        k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
+        cutlass.Float32, (2, 1, 1), tiler_mn=(64, cols),
+    )
+    tile = (_TOKENS, cols, dim)
+    k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
+    q_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, q_rows.element_type, 1)
+    load = cpasync.CopyBulkTensorTileG2SOp()
+    tma_k, k_tiles = cpasync.make_tiled_tma_atom(
+        load, k, cute.slice_(k_layout, (None, None, 0)), (_TOKENS, dim)
+    )
+    tma_q, q_tiles = cpasync.make_tiled_tma_atom(
+        load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
+    )
+    groups = cute.ceil_div(scores.shape[0], rows)
+    _score_tiles(
+        tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, k_layout,
+        q_layout, k.element_type, rows, stages, tiles_per_cta,
+    ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1), stream=stream)
+
+
+# --- select ---------------------------------------------------------------------------
+
+
+@cute.jit
+def _threshold_bin(
+    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
+    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """found = (bin, count above it, count in it): the bin, from the top, where the
+    running count first reaches `need`. Thread t owns bins/threads bins counted down from the top; a
+    block-wide prefix sum over threads finds the one thread whose bins cross `need`."""
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    per_thread = bins // threads
+    first = bins - 1 - tidx * per_thread
+
+    owned = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(per_thread):
+        owned += hist[first - i]
+    # Inclusive scan within the warp, then the totals of the warps before.
+    running = owned
+    for offset in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(running, 1 << offset)
+        if lane >= (1 << offset):
+            running += other
+    if lane == _WARP - 1:
+        warp_totals[warp] = running
+    cute.arch.sync_threads()
+    above = running - owned
+    for w in cutlass.range(warp, unroll=1):
+        above += warp_totals[w]
+
+    if above < need and need <= above + owned:
+        for i in cutlass.range_constexpr(per_thread):
+            count = hist[first - i]
+            if above < need and need <= above + count:
+                found[0] = first - i
+                found[1] = above
+                found[2] = count
+            above += count
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def _candidates(
+    scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
+    indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """One pass over the row in 16-byte loads, several in flight per thread: every score
+    whose first digit is above `top` is chosen outright; those whose first digit is
+    `top` go to (keys, indices), the candidates for the remaining places."""
+    tidx, _, _ = cute.arch.thread_idx()
+    context = scores.shape[1]
+    vec = 4 if context % 4 == 0 else 1
+    # (vec, context // vec): column j is the row's j-th vector.
+    row_vectors = cute.zipped_divide(scores[row, None], (vec,))
+    vectors = context // vec
+    step = threads * _LOADS_IN_FLIGHT
+    for base in cutlass.range(tidx, vectors, step, unroll=1):
+        chunks = [cute.make_rmem_tensor((vec,), cutlass.Float32) for _ in range(_LOADS_IN_FLIGHT)]
+        # Issue every load before the first use, so they travel together.
+        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
+            j = base + u * threads
+            if j < vectors:
+                cute.autovec_copy(row_vectors[None, j], chunks[u])
+        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
+            j = base + u * threads
+            if j < vectors:
+                for e in cutlass.range_constexpr(vec):
+                    key = _radix_key(chunks[u][e])
+                    digit = key >> cutlass.Uint32(21)
+                    if digit > top:
+                        slot = cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))
+                        chosen[slot] = j * vec + e
+                    elif digit == top:
+                        slot = cute.arch.atomic_add(counts.iterator + 1, cutlass.Int32(1))
+                        # The histogram said the bin fits; never write past it regardless.
+                        if slot < _CANDIDATES:
+                            keys[slot] = key
+                            indices[slot] = j * vec + e
+
+
+@cute.jit
+def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass.Constexpr):
+    """Sort values[:size] ascending in shared memory; size is a power of two."""
+    tidx, _, _ = cute.arch.thread_idx()
+    for level in cutlass.range_constexpr(size.bit_length() - 1):
+        span = 2 << level
+        for step in cutlass.range_constexpr(level + 1):
+            stride = span >> (step + 1)
+            for p in cutlass.range(tidx, size // 2, threads, unroll=1):
+                i = 2 * stride * (p // stride) + p % stride
+                j = i + stride
+                low, high = values[i], values[j]
+                ascending = (i & span) == 0
+                if (low > high) == ascending:
+                    values[i] = high
+                    values[j] = low
+            cute.arch.sync_threads()
+
+
+@cute.kernel
+def _select_rows(
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr,
+    sorted_slots: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    row, _, _ = cute.arch.block_idx()
+    topk = out.shape[1]
+
+    smem = cutlass.memory.SmemAllocator()
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
+    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * (threads // _WARP)), 16)
+    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
+    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 16)
+    sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
+    sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
+    sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
+
+    # Digit 1 (key bits 31..21): the scores kernels' histograms, summed over splits.
+    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+        total = cutlass.Int32(0)
+        for s in cutlass.range(hist.shape[0], unroll=1):
+            total += hist[s, row, b]
+        sHist[b] = total
+    if tidx < 2:
+        sCounts[tidx] = 0
+    # Slots the top-k leaves empty sort last and are never written out.
+    for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
+        sChosen[i] = cutlass.Int32(0x7FFFFFFF)
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
+    top = cutlass.Uint32(sFound[0])
+    need = topk - sFound[1]
+    in_bin = sFound[2]
+
+    if in_bin <= _CANDIDATES:
+        # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
+        # the row is read once and digits 2 and 3 are counted among the candidates.
+        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads)
+        for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+            sHist[b] = 0
+        cute.arch.sync_threads()
+        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+            digit = cutlass.Int32((sKeys[c] >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+        cute.arch.sync_threads()
+        _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
+        top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+        need -= sFound[1]
+
+        for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
+            sHist[b] = 0
+        cute.arch.sync_threads()
+        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+            key = sKeys[c]
+            if key >> cutlass.Uint32(10) == top:
+                digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
+                cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+        cute.arch.sync_threads()
+        _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
+        kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+        ties = need - sFound[1]
+        tied = sFound[2]
+
+        # Candidates above the top-k-th key join the chosen; of those equal to it, the
+        # `ties` lowest-indexed, ranked among themselves where not all of them fit.
+        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+            key = sKeys[c]
+            index = sIndices[c]
+            take = key > kth
+            if key == kth:
+                rank = cutlass.Int32(0)
+                if tied > ties:
+                    for other in cutlass.range(in_bin, unroll=1):
+                        if sKeys[other] == kth and sIndices[other] < index:
+                            rank += 1
+                take = rank < ties
+            if take:
+                sChosen[cute.arch.atomic_add(sCounts.iterator, cutlass.Int32(1))] = index
+        cute.arch.sync_threads()
+        # Slots were handed out by atomics, in no fixed order: sorting the indices makes
+        # the output the same bit for bit on every call.
+        _bitonic_sort(sChosen, sorted_slots, threads)
+        for i in cutlass.range(tidx, topk, threads, unroll=1):
+            out[row, i] = cutlass.Int64(sChosen[i])
+    else:
+        _select_by_passes(scores, out, row, top, need, sHist, sWarp, sFound, threads)
+
+
+@cute.jit
+def _select_by_passes(
+    scores: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32,
+    need: cutlass.Int32, sHist: cute.Tensor, sWarp: cute.Tensor, sFound: cute.Tensor,
+    threads: cutlass.Constexpr,
+):
+    """The bin is too full for shared memory (many equal or nearly equal scores): two
+    passes over the row refine digits 2 and 3, then a count pass and a write pass emit
+    the chosen indices in token order, slots handed out by ballots."""
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    context = scores.shape[1]
+    topk = out.shape[1]
+    warps = threads // _WARP
+
+    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
+    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, context, threads, unroll=1):
+        key = _radix_key(scores[row, n])
+        if key >> cutlass.Uint32(21) == top:
+            digit = cutlass.Int32((key >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
+    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+    need -= sFound[1]
+
+    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
+    for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, context, threads, unroll=1):
+        key = _radix_key(scores[row, n])
+        if key >> cutlass.Uint32(10) == top:
+            digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
+    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+    # Exactly `topk - ties` keys exceed the top-k-th; `ties` of those equal to it fill
+    # the rest.
+    ties = need - sFound[1]
+    above_all = topk - ties
+
+    # Each warp owns one contiguous span of the row, so slots follow token order: count
+    # each warp's hits, then every warp writes its own from the counts before it.
+    span = cute.ceil_div(cute.ceil_div(context, warps), _WARP) * _WARP
+    start = warp * span
+    end = cutlass.min(start + span, context)
+    above_count = cutlass.Int32(0)
+    tie_count = cutlass.Int32(0)
+    for base in cutlass.range(start, end, _WARP, unroll=1):
+        n = base + lane
+        key = cutlass.Uint32(0)
+        if n < end:
+            key = _radix_key(scores[row, n])
+        above_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key > kth)))
+        tie_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key == kth)))
+    if lane == 0:
+        sWarp[warp] = above_count
+        sWarp[warps + warp] = tie_count
+    cute.arch.sync_threads()
+    above_slot = cutlass.Int32(0)
+    tie_rank = cutlass.Int32(0)
+    for w in cutlass.range(warp, unroll=1):
+        above_slot += sWarp[w]
+        tie_rank += sWarp[warps + w]
+
+    earlier = cute.arch.lanemask_lt()
+    for base in cutlass.range(start, end, _WARP, unroll=1):
+        n = base + lane
+        key = cutlass.Uint32(0)
+        if n < end:
+            key = _radix_key(scores[row, n])
+        is_above = (n < end) & (key > kth)
+        is_tie = (n < end) & (key == kth)
+        above_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_above))
+        tie_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_tie))
+        if is_above:
+            slot = above_slot + cutlass.Int32(cute.arch.popc(above_mask & earlier))
+            out[row, slot] = cutlass.Int64(n)
+        if is_tie:
+            rank = tie_rank + cutlass.Int32(cute.arch.popc(tie_mask & earlier))
+            if rank < ties:
+                out[row, above_all + rank] = cutlass.Int64(n)
+        above_slot += cutlass.Int32(cute.arch.popc(above_mask))
+        tie_rank += cutlass.Int32(cute.arch.popc(tie_mask))
+
+
+@cute.jit
+def _launch_select(
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream,
+    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr,
+):
+    _select_rows(scores, hist, out, threads, sorted_slots).launch(
+        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream
+    )
+
+
+# --- host -----------------------------------------------------------------------------
+
+# TMA and wide loads need 16-byte aligned tensors; compile and launch agree on that.
+_ALIGN = 16
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    # A view may start mid-allocation; a fresh copy starts where the allocator aligns.
+    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
+
+
+def _fake(dtype, shape: tuple[int, ...]):
+    """A row-major global tensor of this shape, described, not allocated."""
+    return make_fake_compact_tensor(
+        dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
+    )
+
+
+@functools.cache
+def _sms() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _DEFAULT_SMS
+
+
+def _mma_splits(rows_m: int, context: int, rows: int, sms: int) -> tuple[int, int]:
+    """(CTAs along the context, key tiles each): one CTA per SM, none left empty."""
+    tiles = math.ceil(context / _TOKENS)
+    wanted = max(1, sms // math.ceil(rows_m / rows))
+    per_cta = math.ceil(tiles / wanted)
+    return math.ceil(tiles / per_cta), per_cta
+
+
+@functools.cache
+def compiled_scores_mma(
+    rows_m: int, heads: int, dim: int, context: int, rows: int, stages: int, sms: int,
+    weight_dtype: torch.dtype = torch.float32,
+):
+    """The e4m3 tensor-core scores kernel for one shape and parameters; no GPU needed."""
+    if rows * heads > 256 or heads % 8 or dim % 128:
+        raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 128 == 0; "
+                         f"got ROWS={rows}, H={heads}, D={dim}")
+    splits, per_cta = _mma_splits(rows_m, context, rows, sms)
+    fp8 = cutlass.Float8E4M3FN
+    return cute.compile(
+        _launch_scores_mma,
+        _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (context, dim)),
+        _fake(cutlass.Float32, (context,)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
+        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
+        cuda.CUstream(0), rows, stages, per_cta,
+    )
+
+
+@functools.cache
+def compiled_select(rows_m: int, context: int, splits: int, topk: int, threads: int):
+    """The select kernel for one shape; no GPU needed."""
+    if topk > _MAX_TOPK:
+        raise ValueError(f"logits_topk_fp8_cute selects at most {_MAX_TOPK} per row; got top-{topk}")
+    return cute.compile(
+        _launch_select,
+        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
+        _fake(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
+        1 << (topk - 1).bit_length(),
+    )
+
+
+def _stream(t: torch.Tensor) -> cuda.CUstream:
+    """Torch's current stream on the tensor's device: the one a CUDA graph is being
+    captured on, when it is (a launch on any other stream would not be captured). The
+    null stream for a tensor off the GPU, whose launch then fails for want of one."""
+    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, topk: int
+) -> torch.Tensor:
+    if q.dtype != _FP8 or k.dtype != _FP8 or k_scale.dtype != torch.float32 \
+            or weights.dtype not in _WEIGHT_DTYPES:
+        raise TypeError(
+            f"logits_topk_fp8_cute takes q and k in {_FP8}, k_scale in torch.float32 and weights "
+            f"in {sorted(map(str, _WEIGHT_DTYPES))}; got {q.dtype}, {k.dtype}, {k_scale.dtype}, "
+            f"{weights.dtype}"
+        )
+    rows_m, heads, dim = q.shape
+    context = k.shape[0]
+    if context < topk:
+        raise ValueError(f"{context} context tokens leave no top-{topk}")
+    q, k, k_scale, weights = _aligned(q), _aligned(k), _aligned(k_scale), _aligned(weights)
+    sms = _sms()
+    rows = min(PARAMS["ROWS"], max(1, 256 // heads))
+    splits, _ = _mma_splits(rows_m, context, rows, sms)
+    scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
+    hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
+    out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
+    stream = _stream(q)
+    kernel = compiled_scores_mma(rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype)
+    kernel(*(from_dlpack(t, assumed_align=_ALIGN)
+             for t in (q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist)), stream)
+    compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
+        *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out)), stream
+    )
+    return out
