@@ -6,7 +6,7 @@
 #   repeatability  the baseline and the torch chunked variant, each evaluated 3 times by
 #                  fresh harness processes: how far their medians move between runs.
 #
-#   bash bench/h200/harness_checks.sh [SECTION ...]     # default: aa corpus red_team
+#   bash bench/h200/harness_checks.sh SECTION ...
 #
 # Each section has its own time limit; pick sections so one call stays within 10 minutes:
 # on an H200 (2026-11-30) corpus and red_team each took over 4 and 5 minutes, so each
@@ -17,6 +17,11 @@
 # result under $OUT (default /tmp/h200-checks), packs it into checks.tgz there, and
 # prints a short table last. A section that fails is reported and the next one runs.
 set -uo pipefail
+SECTIONS=("$@")
+if [[ $# -eq 0 ]]; then
+  echo "usage: $0 SECTION ... (aa, corpus, red_team, repeatability)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/h200-checks}
 DEVICE=${DEVICE:-cuda}
@@ -36,8 +41,6 @@ section() {  # name, seconds, command...: run it, keep its log, note how it ende
 { nvidia-smi || true; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } \
   >"$OUT/checks/machine.txt" 2>&1
 
-SECTIONS=("$@")
-[[ $# -eq 0 ]] && SECTIONS=(aa corpus red_team)
 wanted() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
 
 wanted aa && section aa 150 bash -c 'python3 -m runners.harness evaluate dsa_indexer_topk baseline --device "$0" --json >"$1" &&

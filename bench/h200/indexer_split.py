@@ -40,15 +40,17 @@ SCORE_VARIANTS = [(2, 2, True), (2, 2, False), (2, 3, True), (2, 3, False), (4, 
 SELECT_THREADS = [512, 1024]
 
 
+def _first_digit(values: torch.Tensor) -> torch.Tensor:
+    """The top 11 bits of the select's radix key, which orders like the floats."""
+    bits = values.contiguous().view(torch.int32)
+    keys = torch.where(bits < 0, ~bits, bits | torch.iinfo(torch.int32).min)
+    return (keys >> 21) & 0x7FF
+
+
 def candidates_in_bin(scores: torch.Tensor, topk: int) -> list[int]:
     """Per row: how many scores share the first 11 key bits of the top-k-th score."""
-    bits = scores.contiguous().view(torch.int32)
-    keys = torch.where(bits < 0, ~bits, bits | torch.iinfo(torch.int32).min)  # orders like the floats
-    digit = (keys >> 21) & 0x7FF
     kth = scores.topk(topk, dim=1).values[:, -1:]
-    kth_bits = kth.contiguous().view(torch.int32)
-    kth_digit = (torch.where(kth_bits < 0, ~kth_bits, kth_bits | torch.iinfo(torch.int32).min) >> 21) & 0x7FF
-    return (digit == kth_digit).sum(dim=1).tolist()
+    return (_first_digit(scores) == _first_digit(kth)).sum(dim=1).tolist()
 
 
 def main() -> None:
