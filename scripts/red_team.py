@@ -1,7 +1,7 @@
 """The red team: every hack of skills/reward-hacks.md against the harness, and the legit
 corpus beside it.
 
-    .venv/bin/python scripts/red_team.py [--device cpu|cuda] [--json FILE]
+    .venv/bin/python scripts/red_team.py [--device cpu|cuda] [--json FILE] [--jobs N]
 
 Each hack candidate listed in the catalogue is evaluated as the CLI evaluates it; it is
 caught when the verdict is `rejected` and a guard its row names failed. Each legit
@@ -9,14 +9,23 @@ candidate (the correct ones of tests/candidates/ and every kernel the ops ship) 
 not be rejected. Candidates marked (cuda) run only with --device cuda. Prints one line
 per hack, then "caught X of Y hacks, Z false rejections"; exits 1 unless every hack
 was caught and nothing legit was rejected.
+
+--jobs N evaluates N candidates at a time, each judge pinned to its own share of this
+machine's cores (the judge pins its children to the last of its cores): on a GPU host
+the catalogue's hangs and compiles take their full limits one after another otherwise.
+Only verdicts are read here, never speedups, so sharing the GPU changes nothing that
+counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,8 +40,9 @@ CANDIDATES = ROOT / "tests" / "candidates"
 # Small workloads and short limits: hangs end fast, and the question is what is caught.
 CONTEXTS = {"cpu": {"rmsnorm": [64], "dsa_indexer_topk": [2048], "dsa_indexer_topk_fp8": [2048]},
             "cuda": {"rmsnorm": [1024], "dsa_indexer_topk": [4096], "dsa_indexer_topk_fp8": [4096]}}
-# A GPU's first call compiles Triton and CuTe kernels, which takes longer than 5 s.
-LIMITS = {"cpu": Limits(import_s=10, call_s=5, memory_bytes=1024 * 2**20),
+# A GPU's first call compiles Triton and CuTe kernels, which takes longer than 5 s; on
+# a CPU the Triton interpreter ran an indexer call for over 5 s on a busy 2-core machine.
+LIMITS = {"cpu": Limits(import_s=10, call_s=30, memory_bytes=1024 * 2**20),
           "cuda": Limits(import_s=60, call_s=90, memory_bytes=1024 * 2**20)}
 
 
@@ -59,10 +69,29 @@ def run(op: str, path: Path, dsl: str, device: str) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def _pin(cores) -> None:
+    os.sched_setaffinity(0, cores.get())
+
+
+def run_all(jobs: list[tuple[str, Path, str]], device: str, workers: int) -> list[dict]:
+    """run() of every (op, file, dsl), in order; `workers` judges at a time."""
+    if workers <= 1 or not hasattr(os, "sched_setaffinity"):
+        return [run(op, path, dsl, device) for op, path, dsl in jobs]
+    context = multiprocessing.get_context("spawn")
+    available = sorted(os.sched_getaffinity(0))
+    share = max(1, len(available) // workers)
+    cores = context.Queue()
+    for index in range(workers):
+        cores.put(available[index * share % len(available):][:share])
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin, initargs=(cores,)) as pool:
+        return list(pool.map(run, *zip(*jobs), [device] * len(jobs)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", type=Path, help="write every result here")
+    parser.add_argument("--jobs", type=int, default=1, help="candidates evaluated at a time")
     args = parser.parse_args()
 
     hacks = catalog()
@@ -75,23 +104,23 @@ def main() -> int:
                 continue
             expected.setdefault(candidate.file, set()).update(hack.guards)
 
-    results: dict[str, dict] = {}
-    for name, guards in expected.items():
-        op = "rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk"
-        dsl = kernel_dsl(CANDIDATES / name)
-        results[name] = found = run(op, CANDIDATES / name, dsl, args.device)
-        found["caught"] = found["verdict"] == "rejected" and bool(guards & set(found["failed"]))
+    corpus, legit_skipped = legit_corpus(args.device)
+    hack_jobs = [("rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk", CANDIDATES / name,
+                  kernel_dsl(CANDIDATES / name)) for name in expected]
+    found_all = run_all(hack_jobs + corpus, args.device, args.jobs)
+    results = dict(zip(expected, found_all[:len(hack_jobs)]))
+    legit = found_all[len(hack_jobs):]
+    for name, found in results.items():
+        found["caught"] = found["verdict"] == "rejected" and bool(expected[name] & set(found["failed"]))
     for hack in hacks:
         states = []
         for candidate in hack.candidates:
             found = results.get(candidate.file)
             states.append(f"{candidate.file}: " + ("not run (needs a GPU)" if found is None else
                           "caught by " + ", ".join(sorted(set(hack.guards) & set(found["failed"])))
-                          if found["caught"] else f"MISSED ({found['verdict']})"))
+                          if found["caught"] else f"MISSED ({found['verdict']}; failed: {', '.join(found['failed']) or 'none'})"))
         print(f"{hack.title} [{', '.join(hack.guards)}]\n    " + "\n    ".join(states))
 
-    corpus, legit_skipped = legit_corpus(args.device)
-    legit = [run(op, path, dsl, args.device) for op, path, dsl in corpus]
     false_rejections = [found for found in legit if found["verdict"] == "rejected"]
     for found in false_rejections:
         print(f"FALSE REJECTION {found['file']}: {found['failed']}")

@@ -186,6 +186,9 @@ INDEXER_COMMON = textwrap.dedent("""
             "smem_atomics": ptx.count("atom.shared.add"),
             "ballots": ptx.count("vote.sync.ballot"),
             "wide_loads": ptx.count("ld.global.v4"),
+            # pingpong's hand-over of the MMA issue between warpgroups
+            "named_arrives": len(re.findall(r"\\bbar[.]arrive", ptx)),
+            "threads": re.findall(r"[.]reqntid (\\d+)", ptx),
         }
 
     def launched(module, *args):
@@ -233,7 +236,8 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
         scores = module.compiled_scores_mma(
-            torch.bfloat16, 64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132)
+            torch.bfloat16, 64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132,
+            torch.float32, point["SCHEDULE"])
         select = module.compiled_select(64, 5000, 8, 2048, point["SELECT_THREADS"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores), "select": ptx_facts(select),
@@ -254,7 +258,8 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     points = {}
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
-        scores = module.compiled_scores_mma(64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132)
+        scores = module.compiled_scores_mma(64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132,
+                                            torch.float32, point["SCHEDULE"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores),
                        "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
@@ -264,6 +269,15 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     launch = launched(load(source, "launched"), *op.make_inputs(workload, 13, "normal").values())
     print(json.dumps({"points": points, "launch": launch}))
 """)
+
+
+def _assert_schedule(scores: dict, label: str) -> None:
+    """Pingpong adds a loading warpgroup to the two MMA warpgroups, and hands the MMA issue
+    between them through named barriers; cooperative has neither."""
+    pingpong = "SCHEDULE=pingpong" in label
+    assert pingpong or "SCHEDULE=cooperative" in label
+    assert scores["threads"] == (["384"] if pingpong else ["256"])
+    assert (scores["named_arrives"] > 0) == pingpong
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +296,7 @@ def test_every_indexer_space_point_compiles_to_wgmma_fed_by_tma(indexer_child, l
     rows = int(label.split("ROWS=")[1].split(",")[0])
     assert scores["wgmma"] == [f"m64n{64 * rows}k16.bf16.bf16"]
     assert scores["tma_loads"] > 0
+    _assert_schedule(scores, label)
     # The select's first digit, counted in shared memory as the scores are made.
     assert scores["smem_atomics"] > 0
     # One wide pass over the row feeding shared memory, where the later digits are
@@ -345,6 +360,7 @@ def test_every_fp8_indexer_space_point_compiles_to_e4m3_wgmma_fed_by_tma(fp8_chi
     rows = int(label.split("ROWS=")[1].split(",")[0])
     assert scores["wgmma"] == [f"m64n{64 * rows}k32.e4m3.e4m3"]
     assert scores["tma_loads"] > 0 and scores["smem_atomics"] > 0
+    _assert_schedule(scores, label)
     if ON_GPU:
         assert point["failures"] == []
 

@@ -49,7 +49,7 @@ wanted aa && section aa 150 bash -c 'python3 -m runners.harness evaluate dsa_ind
 wanted corpus && section corpus 540 python3 -m pytest -c /dev/null --noconftest -p no:cacheprovider -v -rA \
   tests/test_harness_corpus.py -k "gpu_hack or planted or correct" --rootdir .
 
-wanted red_team && section red_team 560 python3 scripts/red_team.py --device "$DEVICE" --json "$OUT/checks/red_team.json"
+wanted red_team && section red_team 560 python3 scripts/red_team.py --device "$DEVICE" --jobs 4 --json "$OUT/checks/red_team.json"
 
 wanted repeatability && section repeatability ${REPEATABILITY_S:-560} python3 bench/repeatability.py dsa_indexer_topk \
   baseline runners/ops/dsa_indexer_topk/kernels/chunked_topk.py --device "$DEVICE" --repeats 3 \

@@ -3,10 +3,14 @@ radix digit of the top-k fused in, then an exact radix select per query row.
 
 1. Scores (`_score_tiles`, bfloat16 or float16). A CTA owns ROWS query rows and one
    contiguous span of the context. The rows' queries, [ROWS*H, D], arrive once by TMA
-   and stay in shared memory; the span's keys stream through a STAGES-deep TMA pipeline
-   in tiles of 128 tokens x D. Per tile, two warpgroups issue wgmma with the tokens as the MMA's M
-   (64 per warpgroup), the ROWS*H query heads as its N (128 or 256) and D as its K,
-   16-bit in, float32 accumulated. That way round, all heads of one token sit in one
+   and stay in shared memory; the span's keys stream through a TMA pipeline. Two
+   warpgroups issue wgmma with the tokens as the MMA's M (64 per warpgroup), the ROWS*H
+   query heads as its N (128 or 256) and D as its K, 16-bit in, float32 accumulated.
+   SCHEDULE says how they share the tensor cores: "cooperative", both on one tile of
+   128 tokens, then both reducing it while the tensor cores wait; "pingpong", each on
+   every other tile of 64 tokens, fed by a warpgroup that loads, one reducing its tile
+   while the other's MMA runs (named barriers hand the MMA issue back and forth, as in
+   CUTLASS's pingpong kernels). That way round, all heads of one token sit in one
    quad of lanes: ReLU, the per-head weights and the sum over heads happen in registers
    plus two shuffles, and the [M, H, N] logits never exist. Each score goes to an
    [M, N] float32 buffer and into the CTA's histogram of its top 11 key bits, the first
@@ -30,10 +34,15 @@ allocates.
 
 - ROWS: query rows per CTA; ROWS x H is the MMA's N (at most 256), and each key tile
   in shared memory serves all of them.
-- STAGES: key tiles in flight (32 KB each at D=128). With ROWS=4 the queries take
-  64 KB and the histograms 32 KB: 3 stages make 194 KB of the 227 KB a CTA may have.
+- STAGES: 128-token key tiles in flight (32 KB each at D=128). With ROWS=4 the
+  queries take 64 KB and the histograms 32 KB: 3 stages make 194 KB of the 227 KB a
+  CTA may have.
+- SCHEDULE: "cooperative" or "pingpong", above. On the H200 the cooperative kernel's
+  reduction took about as many issue slots as its MMA took cycles (ncu: tensor pipe
+  61% busy, 5.6 cycles between a warp's instructions, 2 warps per scheduler).
 - SELECT_THREADS: threads of each row's select CTA; each pass over the row is a
-  strided read, so more threads keep more loads in flight.
+  strided read, so more threads keep more loads in flight (1024 beat 512 at every
+  context on the H200, so 512 left the space).
 
 The kernels are compiled once per (dtype, shape, parameters) for the GPU in hand; on a
 machine without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch
@@ -59,13 +68,15 @@ from cutlass.tensor_utils import LayoutEnum
 PARAMS = {
     "ROWS": 4,
     "STAGES": 3,
+    "SCHEDULE": "cooperative",
     "SELECT_THREADS": 1024,
 }
 
 SPACE = {
     "ROWS": [2, 4],
     "STAGES": [2, 3],
-    "SELECT_THREADS": [512, 1024],
+    "SCHEDULE": ["cooperative", "pingpong"],
+    "SELECT_THREADS": [1024],
 }
 
 # Context tokens per key tile: the M of two warpgroups' 64-row wgmma.
@@ -87,6 +98,12 @@ _LOADS_IN_FLIGHT = 4
 _MAX_TOPK = 8192
 # Hopper: H200 and H100 SXM.
 _DEFAULT_SMS = 132
+
+_SCHEDULES = ("cooperative", "pingpong")
+# Pingpong's registers per thread once the loading warpgroup gives its own up: 40 for
+# it and 232 for each MMA warpgroup fill the 64K of an SM.
+_LOADER_REGISTERS = 40
+_MMA_REGISTERS = 232
 
 _MMA_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 _DTYPES = {torch.float32: cutlass.Float32, **_MMA_DTYPES}
@@ -148,9 +165,9 @@ def _issue_mma(
 
 
 @cute.jit
-def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp):
+def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, loads):
     """Load the next key tile into the stage just freed, so the load overlaps the work."""
-    if warp == 0 and producer.count < tile_count:
+    if loads and producer.count < tile_count:
         keys.producer_acquire(producer)
         cute.copy(
             tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
@@ -188,87 +205,39 @@ def _reduce_tile(
             _record(scores, hist, row0 + r, token, r, partials[e])
 
 
-@cute.kernel
-def _score_tiles(
-    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
-    weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tiled_mma: cute.TiledMma,
-    k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout, dtype: cutlass.Constexpr,
-    rows: cutlass.Constexpr, stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
-    overlap: cutlass.Constexpr,
+def _tile_tokens(pingpong: bool) -> int:
+    """Tokens per key tile: both warpgroups' M together, or one's when they take turns."""
+    return _TOKENS // 2 if pingpong else _TOKENS
+
+
+def _score_threads(pingpong: bool) -> int:
+    """The two MMA warpgroups, and a third that loads when they take turns (a whole
+    warpgroup, so registers can move from it to them: nine warps alone would cap every
+    thread at 168 registers, and ROWS=4's accumulators need more)."""
+    return _MMA_THREADS + (_MMA_THREADS // 2 if pingpong else 0)
+
+
+@cute.jit
+def _consume(
+    tiled_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor, sW: cute.Tensor, q_barrier,
+    keys, producer, tma_k, tKgK, tKsK, scores: cute.Tensor, sHist: cute.Tensor,
+    first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr,
+    stages: cutlass.Constexpr, pingpong: cutlass.Constexpr,
 ):
+    """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores. Cooperative,
+    warp 0 also refills the stages freed."""
     tidx, _, _ = cute.arch.thread_idx()
-    group, split, _ = cute.arch.block_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
-    heads = weights.shape[1]
-    dim = k_tiles.shape[1]
     cols = rows * heads
-    row0 = group * rows
-    first_tile = split * tiles_per_cta
-    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], _TOKENS) - first_tile)
-
-    if warp == 0:
-        cpasync.prefetch_descriptor(tma_k)
-        cpasync.prefetch_descriptor(tma_q)
-
-    smem = cutlass.memory.SmemAllocator()
-    k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
-    q_barrier = smem.allocate_array(cutlass.Int64, 1)
-    sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
-    sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
-    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
-    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
-
-    # Key tiles: one TMA producer thread, every consumer warp releases a stage.
-    k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
-    keys = pipeline.PipelineTmaAsync.create(
-        barrier_storage=k_barriers,
-        num_stages=stages,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, _MMA_THREADS // _WARP),
-        tx_count=k_bytes,
-        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-    )
-    if warp == 0:
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_init(q_barrier, 1)
-    cute.arch.mbarrier_init_fence()
-    # Weights of rows past M are zero, so those rows score 0 and are never stored.
-    for i in cutlass.range(tidx, cols, _MMA_THREADS, unroll=1):
-        weight = cutlass.Float32(0.0)
-        if row0 + i // heads < weights.shape[0]:
-            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
-        sW[i] = weight
-    for i in cutlass.range(tidx, rows * _BINS, _MMA_THREADS, unroll=1):
-        sHist[i] = 0
-    cute.arch.sync_threads()
-
-    # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
-    # are filled with zeros by the TMA unit.
-    gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
-    gK = cute.local_tile(k_tiles, (_TOKENS, dim), (None, 0))
-    tQsQ, tQgQ = cpasync.tma_partition(
-        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-    )
-    tKsK, tKgK = cpasync.tma_partition(
-        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-    )
-
-    producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-    if warp == 0:
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(
-                q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
-            )
-        cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
-    for _ in cutlass.range_constexpr(stages):
-        producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
-
-    thr_mma = tiled_mma.get_slice(tidx)
+    tokens = _tile_tokens(pingpong)
+    # Pingpong: each warpgroup is an MMA of its own, on every other tile.
+    thr_mma = tiled_mma.get_slice(tidx % 128 if pingpong else tidx)
     tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
     tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
     # (token, query head) of every accumulator element this thread holds.
-    tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((tokens, cols)))
     # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
     # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
     # blocks b of its 64 columns, shared out over the lanes of one quad.
@@ -282,32 +251,30 @@ def _score_tiles(
             weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
-    release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
-    if cutlass.const_expr(overlap):
-        # Two accumulators: while the tensor cores work on tile t+1, the warps reduce
-        # tile t. Tiles go in pairs so each accumulator's name is fixed at compile time.
-        acc_next = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-        keys.consumer_wait(read)
-        tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
-        read.advance()
-        for t in cutlass.range(0, tile_count, 2, unroll=1):
-            for step in cutlass.range_constexpr(2):
-                current, following = (acc, acc_next) if step == 0 else (acc_next, acc)
-                if t + step < tile_count:
-                    if t + step + 1 < tile_count:
-                        keys.consumer_wait(read)
-                        tiled_mma = _issue_mma(tiled_mma, following, tCrK, tCrQ, read.index, dim)
-                        read.advance()
-                        warpgroup.wait_group(1)
-                    else:
-                        warpgroup.wait_group(0)
-                    keys.consumer_release(release)
-                    release.advance()
-                    producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
-                    _reduce_tile(current, tCcC, weight, scores, sHist, (first_tile + t + step) * _TOKENS,
-                                 row0, rows, heads, quad)
+    if cutlass.const_expr(pingpong):
+        # Warpgroup `turn` takes tiles turn, turn+2, ...: while one reduces its tile,
+        # the tensor cores run the other's MMA. Named barriers 1 and 2 hand the
+        # MMA issue back and forth, so the two never start in step; each arrive
+        # is matched by the other warpgroup's wait.
+        turn = warp // 4
+        if turn == 1:
+            read.advance()
+        for t in cutlass.range(turn, tile_count, 2, unroll=1):
+            if t > 0:
+                cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+            keys.consumer_wait(read)
+            tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+            if t + 1 < tile_count:
+                cute.arch.barrier_arrive(barrier_id=2 - turn, number_of_threads=_MMA_THREADS)
+            warpgroup.wait_group(0)
+            keys.consumer_release(read)
+            read.advance()
+            read.advance()
+            _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * tokens, row0, rows,
+                         heads, quad)
     else:
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         for t in cutlass.range(tile_count, unroll=1):
             keys.consumer_wait(read)
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
@@ -315,34 +282,133 @@ def _score_tiles(
             warpgroup.wait_group(0)
             keys.consumer_release(release)
             release.advance()
-            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
-            _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * _TOKENS, row0, rows,
+            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
+            _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * tokens, row0, rows,
                          heads, quad)
 
+
+@cute.kernel
+def _score_tiles(
+    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
+    weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tiled_mma: cute.TiledMma,
+    k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout, dtype: cutlass.Constexpr,
+    rows: cutlass.Constexpr, stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+    pingpong: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    group, split, _ = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    heads = weights.shape[1]
+    dim = k_tiles.shape[1]
+    cols = rows * heads
+    row0 = group * rows
+    tokens = _tile_tokens(pingpong)
+    threads = _score_threads(pingpong)
+    # Cooperative: warp 0 loads between its MMAs. Pingpong: the first warp of a third
+    # warpgroup, which gives its registers to the other two.
+    loader = _MMA_THREADS // _WARP if pingpong else 0
+    mma_warpgroups = 1 if pingpong else 2
+    first_tile = split * tiles_per_cta
+    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], tokens) - first_tile)
+
+    if warp == loader:
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_q)
+
+    smem = cutlass.memory.SmemAllocator()
+    k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
+    q_barrier = smem.allocate_array(cutlass.Int64, 1)
+    sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
+    sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
+    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+
+    # Key tiles: one TMA producer thread; every warp of the warpgroups that read a
+    # stage releases it.
+    k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
+    keys = pipeline.PipelineTmaAsync.create(
+        barrier_storage=k_barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mma_warpgroups * 4),
+        tx_count=k_bytes,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+    )
+    if warp == loader:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(q_barrier, 1)
+    cute.arch.mbarrier_init_fence()
+    # Weights of rows past M are zero, so those rows score 0 and are never stored.
+    for i in cutlass.range(tidx, cols, threads, unroll=1):
+        weight = cutlass.Float32(0.0)
+        if row0 + i // heads < weights.shape[0]:
+            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
+        sW[i] = weight
+    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        sHist[i] = 0
     cute.arch.sync_threads()
-    _write_hist(sHist, hist, split, row0, rows, _MMA_THREADS)
+
+    # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
+    # are filled with zeros by the TMA unit.
+    gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
+    gK = cute.local_tile(k_tiles, (tokens, dim), (None, 0))
+    tQsQ, tQgQ = cpasync.tma_partition(
+        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+    )
+    tKsK, tKgK = cpasync.tma_partition(
+        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+    )
+
+    producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    if warp == loader:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
+            )
+        cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
+    if cutlass.const_expr(pingpong):
+        # Registers move to the MMA warpgroups inside the branches that use them, so
+        # the compiler gives each side its own budget.
+        if warp >= loader:
+            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            if warp == loader:
+                for _ in cutlass.range(tile_count, unroll=1):
+                    producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, True)
+        else:
+            cute.arch.setmaxregister_increase(_MMA_REGISTERS)
+            _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, scores, sHist,
+                     first_tile, tile_count, row0, rows, heads, dim, stages, pingpong)
+    else:
+        for _ in cutlass.range_constexpr(stages):
+            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
+        _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, scores, sHist,
+                 first_tile, tile_count, row0, rows, heads, dim, stages, pingpong)
+
+    cute.arch.sync_threads()
+    _write_hist(sHist, hist, split, row0, rows, threads)
 
 
 @cute.jit
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
     hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr, overlap: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
+    tokens = _tile_tokens(pingpong)
     # Both operands are K-major: keys [N, D] are the A (M = tokens), queries [M*H, D]
-    # the B (N = query heads).
+    # the B (N = query heads). Cooperative: the two warpgroups split a tile's tokens.
     tiled_mma = sm90_utils.make_trivial_tiled_mma(
         k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (2, 1, 1), tiler_mn=(64, cols),
+        cutlass.Float32, (1 if pingpong else 2, 1, 1), tiler_mn=(64, cols),
     )
-    tile = (_TOKENS, cols, dim)
+    tile = (tokens, cols, dim)
     k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
     q_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, q_rows.element_type, 1)
     load = cpasync.CopyBulkTensorTileG2SOp()
     tma_k, k_tiles = cpasync.make_tiled_tma_atom(
-        load, k, cute.slice_(k_layout, (None, None, 0)), (_TOKENS, dim)
+        load, k, cute.slice_(k_layout, (None, None, 0)), (tokens, dim)
     )
     tma_q, q_tiles = cpasync.make_tiled_tma_atom(
         load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
@@ -350,8 +416,8 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, weights, scores, hist, tiled_mma, k_layout, q_layout,
-        k.element_type, rows, stages, tiles_per_cta, overlap,
-    ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1), stream=stream)
+        k.element_type, rows, stages, tiles_per_cta, pingpong,
+    ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(pingpong), 1, 1), stream=stream)
 
 
 # --- scores: float32 on the CUDA cores ------------------------------------------------
@@ -746,25 +812,27 @@ def _simt_splits(rows_m: int, context: int, sms: int) -> tuple[int, int]:
 def compiled_scores_mma(
     dtype: torch.dtype, rows_m: int, heads: int, dim: int, context: int,
     rows: int, stages: int, sms: int, weight_dtype: torch.dtype = torch.float32,
-    overlap: bool | None = None,
+    schedule: str = "cooperative",
 ):
     """The tensor-core scores kernel for one shape and parameters; no GPU needed.
 
-    `overlap` reduces one key tile while the tensor cores compute the next, in a second
-    accumulator (ROWS=2 only: ROWS=4 needs every register for one). It is off: on the
-    H200 it made the kernel 1.3-1.9x slower (bench/h200/indexer_split.py), so forward
-    never asks for it; the split bench keeps measuring it."""
+    `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup,
+    so both schedules keep the same bytes in flight and give a CTA the same span."""
     if rows * heads > 256 or heads % 8 or dim % 64:
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 64 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"SCHEDULE is one of {_SCHEDULES}; got {schedule!r}")
     element = _MMA_DTYPES[dtype]
     splits, per_cta = _mma_splits(rows_m, context, rows, sms)
+    pingpong = schedule == "pingpong"
+    halves = 2 if pingpong else 1
     return cute.compile(
         _launch_scores_mma,
         _fake(element, (rows_m * heads, dim)), _fake(element, (context, dim)),
         _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
-        _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), rows, stages, per_cta,
-        bool(overlap),
+        _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), rows, stages * halves,
+        per_cta * halves, pingpong,
     )
 
 
@@ -826,7 +894,8 @@ def forward(
         rows = min(PARAMS["ROWS"], max(1, 256 // heads))
         splits, _ = _mma_splits(rows_m, context, rows, sms)
         kernel = compiled_scores_mma(
-            q.dtype, rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype
+            q.dtype, rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype,
+            PARAMS["SCHEDULE"],
         )
         score_args = (q.view(rows_m * heads, dim), k)
     hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)

@@ -6,11 +6,14 @@ one float32 scale per key token (k_scale), q's scale folded into the weights.
 
 1. Scores (`_score_tiles`). A CTA owns ROWS query rows and one contiguous span of the
    context. The rows' queries, [ROWS*H, D] in e4m3, arrive once by TMA and stay in
-   shared memory; the span's keys stream through a STAGES-deep TMA pipeline in tiles of
-   128 tokens x D (16 KB at D=128, half the bf16 kernel's). Per tile, two warpgroups
-   issue e4m3 wgmma (k = 32 per instruction, twice the bf16 rate) with the tokens as
-   the MMA's M (64 per warpgroup), the ROWS*H query heads as its N (128 or 256) and D
-   as its K, accumulated in float32. All heads of one token sit in one quad of lanes:
+   shared memory; the span's keys stream through a TMA pipeline (16 KB per 128 tokens
+   at D=128, half the bf16 kernel's). Two warpgroups issue e4m3 wgmma (k = 32 per
+   instruction, twice the bf16 rate) with the tokens as the MMA's M (64 per
+   warpgroup), the ROWS*H query heads as its N (128 or 256) and D as its K, accumulated
+   in float32; SCHEDULE is "cooperative" (both on one 128-token tile, then both
+   reducing it) or "pingpong" (each on every other 64-token tile, fed by a warpgroup
+   that loads, one reducing while the other's MMA runs), as in the bf16 kernel. All
+   heads of one token sit in one quad of lanes:
    ReLU, the weights and the sum over heads happen in registers plus two shuffles. The
    key's scale is positive and shared by every head, so relu(s * x) = s * relu(x) and
    it multiplies each token's summed score once. Each score goes to an [M, N] float32
@@ -31,7 +34,8 @@ No torch op computes anything: forward only allocates.
 
 - ROWS: query rows per CTA; ROWS x H is the MMA's N (at most 256), and each key tile
   in shared memory serves all of them.
-- STAGES: key tiles in flight (16 KB each at D=128).
+- STAGES: 128-token key tiles in flight (16 KB each at D=128).
+- SCHEDULE: "cooperative" or "pingpong", above.
 - SELECT_THREADS: threads of each row's select CTA (1024 beat 512 in the bf16 kernel
   at every context on the H200).
 
@@ -56,17 +60,20 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
 from cutlass.tensor_utils import LayoutEnum
 
-# Not yet timed on a GPU: the bf16 kernel's best ROWS, one stage more for tiles half
-# the size.
+# Scouted on the H200 (bench/h200/indexer_points.py, 2026-11-30): cooperative, ROWS=2,
+# STAGES=6 was fastest at 128K and 256K, and slower than the bf16 kernel: with the MMA
+# halved, the reduction is the kernel.
 PARAMS = {
     "ROWS": 2,
-    "STAGES": 4,
+    "STAGES": 6,
+    "SCHEDULE": "cooperative",
     "SELECT_THREADS": 1024,
 }
 
 SPACE = {
     "ROWS": [2, 4],
-    "STAGES": [3, 4, 6],
+    "STAGES": [4, 6],
+    "SCHEDULE": ["cooperative", "pingpong"],
     "SELECT_THREADS": [1024],
 }
 
@@ -90,6 +97,11 @@ _MAX_TOPK = 8192
 _DEFAULT_SMS = 132
 
 _FP8 = torch.float8_e4m3fn
+_SCHEDULES = ("cooperative", "pingpong")
+# Pingpong's registers per thread once the loading warpgroup gives its own up: 40 for
+# it and 232 for each MMA warpgroup fill the 64K of an SM.
+_LOADER_REGISTERS = 40
+_MMA_REGISTERS = 232
 _WEIGHT_DTYPES = {torch.float32: cutlass.Float32, torch.bfloat16: cutlass.BFloat16}
 
 
@@ -150,9 +162,9 @@ def _issue_mma(
 
 
 @cute.jit
-def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp):
+def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, loads):
     """Load the next key tile into the stage just freed, so the load overlaps the work."""
-    if warp == 0 and producer.count < tile_count:
+    if loads and producer.count < tile_count:
         keys.producer_acquire(producer)
         cute.copy(
             tma_k, tKgK[(None, first_tile + producer.count)], tKsK[(None, producer.index)],
@@ -190,87 +202,39 @@ def _reduce_tile(
             _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
 
 
-@cute.kernel
-def _score_tiles(
-    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
-    k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
-    tiled_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
-    dtype: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr,
+def _tile_tokens(pingpong: bool) -> int:
+    """Tokens per key tile: both warpgroups' M together, or one's when they take turns."""
+    return _TOKENS // 2 if pingpong else _TOKENS
+
+
+def _score_threads(pingpong: bool) -> int:
+    """The two MMA warpgroups, and a third that loads when they take turns (a whole
+    warpgroup, so registers can move from it to them: nine warps alone would cap every
+    thread at 168 registers, and ROWS=4's accumulators need more)."""
+    return _MMA_THREADS + (_MMA_THREADS // 2 if pingpong else 0)
+
+
+@cute.jit
+def _consume(
+    tiled_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor, sW: cute.Tensor, q_barrier,
+    keys, producer, tma_k, tKgK, tKsK, k_scale: cute.Tensor, scores: cute.Tensor, sHist: cute.Tensor,
+    first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr,
+    stages: cutlass.Constexpr, pingpong: cutlass.Constexpr,
 ):
+    """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores. Cooperative,
+    warp 0 also refills the stages freed."""
     tidx, _, _ = cute.arch.thread_idx()
-    group, split, _ = cute.arch.block_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
-    heads = weights.shape[1]
-    dim = k_tiles.shape[1]
     cols = rows * heads
-    row0 = group * rows
-    first_tile = split * tiles_per_cta
-    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], _TOKENS) - first_tile)
-
-    if warp == 0:
-        cpasync.prefetch_descriptor(tma_k)
-        cpasync.prefetch_descriptor(tma_q)
-
-    smem = cutlass.memory.SmemAllocator()
-    k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
-    q_barrier = smem.allocate_array(cutlass.Int64, 1)
-    sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
-    sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
-    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
-    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
-
-    # Key tiles: one TMA producer thread, every consumer warp releases a stage.
-    k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
-    keys = pipeline.PipelineTmaAsync.create(
-        barrier_storage=k_barriers,
-        num_stages=stages,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, _MMA_THREADS // _WARP),
-        tx_count=k_bytes,
-        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-    )
-    if warp == 0:
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_init(q_barrier, 1)
-    cute.arch.mbarrier_init_fence()
-    # Weights of rows past M are zero, so those rows score 0 and are never stored.
-    for i in cutlass.range(tidx, cols, _MMA_THREADS, unroll=1):
-        weight = cutlass.Float32(0.0)
-        if row0 + i // heads < weights.shape[0]:
-            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
-        sW[i] = weight
-    for i in cutlass.range(tidx, rows * _BINS, _MMA_THREADS, unroll=1):
-        sHist[i] = 0
-    cute.arch.sync_threads()
-
-    # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
-    # are filled with zeros by the TMA unit.
-    gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
-    gK = cute.local_tile(k_tiles, (_TOKENS, dim), (None, 0))
-    tQsQ, tQgQ = cpasync.tma_partition(
-        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-    )
-    tKsK, tKgK = cpasync.tma_partition(
-        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-    )
-
-    producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-    if warp == 0:
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(
-                q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
-            )
-        cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
-    for _ in cutlass.range_constexpr(stages):
-        producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
-
-    thr_mma = tiled_mma.get_slice(tidx)
+    tokens = _tile_tokens(pingpong)
+    # Pingpong: each warpgroup is an MMA of its own, on every other tile.
+    thr_mma = tiled_mma.get_slice(tidx % 128 if pingpong else tidx)
     tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
     tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
     # (token, query head) of every accumulator element this thread holds.
-    tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((tokens, cols)))
     # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
     # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
     # blocks b of its 64 columns, shared out over the lanes of one quad.
@@ -284,43 +248,164 @@ def _score_tiles(
             weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
-    release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
-    for t in cutlass.range(tile_count, unroll=1):
-        keys.consumer_wait(read)
-        tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
-        read.advance()
-        warpgroup.wait_group(0)
-        keys.consumer_release(release)
-        release.advance()
-        producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp)
-        _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * _TOKENS, row0,
-                     rows, heads, quad)
+    if cutlass.const_expr(pingpong):
+        # Warpgroup `turn` takes tiles turn, turn+2, ...: while one reduces its tile,
+        # the tensor cores run the other's MMA. Named barriers 1 and 2 hand the
+        # MMA issue back and forth, so the two never start in step; each arrive
+        # is matched by the other warpgroup's wait.
+        turn = warp // 4
+        if turn == 1:
+            read.advance()
+        for t in cutlass.range(turn, tile_count, 2, unroll=1):
+            if t > 0:
+                cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+            keys.consumer_wait(read)
+            tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
+            if t + 1 < tile_count:
+                cute.arch.barrier_arrive(barrier_id=2 - turn, number_of_threads=_MMA_THREADS)
+            warpgroup.wait_group(0)
+            keys.consumer_release(read)
+            read.advance()
+            read.advance()
+            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
+                         heads, quad)
+    else:
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        for t in cutlass.range(tile_count, unroll=1):
+            keys.consumer_wait(read)
+            tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
+            read.advance()
+            warpgroup.wait_group(0)
+            keys.consumer_release(release)
+            release.advance()
+            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
+            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
+                         heads, quad)
+
+
+@cute.kernel
+def _score_tiles(
+    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
+    k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
+    tiled_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
+    dtype: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    group, split, _ = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    heads = weights.shape[1]
+    dim = k_tiles.shape[1]
+    cols = rows * heads
+    row0 = group * rows
+    tokens = _tile_tokens(pingpong)
+    threads = _score_threads(pingpong)
+    # Cooperative: warp 0 loads between its MMAs. Pingpong: the first warp of a third
+    # warpgroup, which gives its registers to the other two.
+    loader = _MMA_THREADS // _WARP if pingpong else 0
+    mma_warpgroups = 1 if pingpong else 2
+    first_tile = split * tiles_per_cta
+    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], tokens) - first_tile)
+
+    if warp == loader:
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_q)
+
+    smem = cutlass.memory.SmemAllocator()
+    k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
+    q_barrier = smem.allocate_array(cutlass.Int64, 1)
+    sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
+    sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
+    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+
+    # Key tiles: one TMA producer thread; every warp of the warpgroups that read a
+    # stage releases it.
+    k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
+    keys = pipeline.PipelineTmaAsync.create(
+        barrier_storage=k_barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mma_warpgroups * 4),
+        tx_count=k_bytes,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+    )
+    if warp == loader:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(q_barrier, 1)
+    cute.arch.mbarrier_init_fence()
+    # Weights of rows past M are zero, so those rows score 0 and are never stored.
+    for i in cutlass.range(tidx, cols, threads, unroll=1):
+        weight = cutlass.Float32(0.0)
+        if row0 + i // heads < weights.shape[0]:
+            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
+        sW[i] = weight
+    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        sHist[i] = 0
+    cute.arch.sync_threads()
+
+    # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
+    # are filled with zeros by the TMA unit.
+    gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
+    gK = cute.local_tile(k_tiles, (tokens, dim), (None, 0))
+    tQsQ, tQgQ = cpasync.tma_partition(
+        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+    )
+    tKsK, tKgK = cpasync.tma_partition(
+        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+    )
+
+    producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    if warp == loader:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
+            )
+        cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
+    if cutlass.const_expr(pingpong):
+        # Registers move to the MMA warpgroups inside the branches that use them, so
+        # the compiler gives each side its own budget.
+        if warp >= loader:
+            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            if warp == loader:
+                for _ in cutlass.range(tile_count, unroll=1):
+                    producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, True)
+        else:
+            cute.arch.setmaxregister_increase(_MMA_REGISTERS)
+            _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
+                     first_tile, tile_count, row0, rows, heads, dim, stages, pingpong)
+    else:
+        for _ in cutlass.range_constexpr(stages):
+            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
+        _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
+                 first_tile, tile_count, row0, rows, heads, dim, stages, pingpong)
 
     cute.arch.sync_threads()
-    _write_hist(sHist, hist, split, row0, rows, _MMA_THREADS)
+    _write_hist(sHist, hist, split, row0, rows, threads)
 
 
 @cute.jit
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, k_scale: cute.Tensor, weights: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr,
-    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
+    tokens = _tile_tokens(pingpong)
     # Both operands are K-major: keys [N, D] are the A (M = tokens), queries [M*H, D]
-    # the B (N = query heads).
+    # the B (N = query heads). Cooperative: the two warpgroups split a tile's tokens.
     tiled_mma = sm90_utils.make_trivial_tiled_mma(
         k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (2, 1, 1), tiler_mn=(64, cols),
+        cutlass.Float32, (1 if pingpong else 2, 1, 1), tiler_mn=(64, cols),
     )
-    tile = (_TOKENS, cols, dim)
+    tile = (tokens, cols, dim)
     k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
     q_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, q_rows.element_type, 1)
     load = cpasync.CopyBulkTensorTileG2SOp()
     tma_k, k_tiles = cpasync.make_tiled_tma_atom(
-        load, k, cute.slice_(k_layout, (None, None, 0)), (_TOKENS, dim)
+        load, k, cute.slice_(k_layout, (None, None, 0)), (tokens, dim)
     )
     tma_q, q_tiles = cpasync.make_tiled_tma_atom(
         load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
@@ -328,8 +413,8 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, k_layout,
-        q_layout, k.element_type, rows, stages, tiles_per_cta,
-    ).launch(grid=(groups, hist.shape[0], 1), block=(_MMA_THREADS, 1, 1), stream=stream)
+        q_layout, k.element_type, rows, stages, tiles_per_cta, pingpong,
+    ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(pingpong), 1, 1), stream=stream)
 
 
 # --- select ---------------------------------------------------------------------------
@@ -662,20 +747,26 @@ def _mma_splits(rows_m: int, context: int, rows: int, sms: int) -> tuple[int, in
 @functools.cache
 def compiled_scores_mma(
     rows_m: int, heads: int, dim: int, context: int, rows: int, stages: int, sms: int,
-    weight_dtype: torch.dtype = torch.float32,
+    weight_dtype: torch.dtype = torch.float32, schedule: str = "cooperative",
 ):
-    """The e4m3 tensor-core scores kernel for one shape and parameters; no GPU needed."""
+    """The e4m3 tensor-core scores kernel for one shape and parameters; no GPU needed.
+
+    `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup."""
     if rows * heads > 256 or heads % 8 or dim % 128:
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 128 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"SCHEDULE is one of {_SCHEDULES}; got {schedule!r}")
     splits, per_cta = _mma_splits(rows_m, context, rows, sms)
+    pingpong = schedule == "pingpong"
+    halves = 2 if pingpong else 1
     fp8 = cutlass.Float8E4M3FN
     return cute.compile(
         _launch_scores_mma,
         _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (context, dim)),
         _fake(cutlass.Float32, (context,)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
         _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
-        cuda.CUstream(0), rows, stages, per_cta,
+        cuda.CUstream(0), rows, stages * halves, per_cta * halves, pingpong,
     )
 
 
@@ -721,7 +812,8 @@ def forward(
     hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
     stream = _stream(q)
-    kernel = compiled_scores_mma(rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype)
+    kernel = compiled_scores_mma(rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype,
+                                 PARAMS["SCHEDULE"])
     kernel(*(from_dlpack(t, assumed_align=_ALIGN)
              for t in (q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist)), stream)
     compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
