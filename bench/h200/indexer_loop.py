@@ -44,6 +44,10 @@ THESES = {
         "The fp8 indexer as DeepSeek ships it, logits fused (Triton)",
         "q and k in float8 e4m3 with float32 scales: half the bytes of bfloat16 and twice "
         "the tensor-core rate."),
+    ("dsa_indexer_topk_fp8", "cute"): (
+        "The fp8 indexer on Hopper: e4m3 wgmma fed by TMA, the key scale after the head sum",
+        "The bf16 CuTe kernel on e4m3 operands: wgmma at twice the bf16 rate, the per-token key "
+        "scale applied once to each summed score (it is positive and shared by every head)."),
 }
 
 
