@@ -4,6 +4,9 @@ Each layer: RMSNorm → query latent → lightning indexer and top-k → sparse 
 selected tokens (MQA mode over the 576-wide latent cache) → RMSNorm → MoE (routed
 experts plus a shared one). The RMSNorm and indexer top-k calls go through a dispatch
 table, so the same step runs once with the kept kernels and once with the candidate.
+The indexer runs in bfloat16, or, with `fp8_indexer`, as DeepSeek-V3.2 serves it: its
+key cache stored in float8 e4m3 with a scale per token, each step's queries quantized
+per (row, head) and their scales folded into the head weights.
 
 Shapes follow DeepSeek-V3.2 on CUDA (hidden 7168, q latent 1536, 128 MLA heads over a
 512 + 64 latent, indexer 64 × 128 with top-2048, expert width 2048, top-8 routing) with
@@ -18,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from runners.ops.dsa_indexer_topk_fp8 import quantize_rows
 
 Kernel = Callable[..., torch.Tensor]
 
@@ -60,16 +65,17 @@ class Dispatch:
 
     rmsnorm: Kernel
     dsa_indexer_topk: Kernel
+    dsa_indexer_topk_fp8: Kernel
 
 
 class DecodeStep:
     """Random weights and caches for one (context length, batch) point; call() runs a step."""
 
     def __init__(self, shape: ModelShape, *, context_length: int, batch: int, device: str,
-                 seed: int, dispatch: Dispatch) -> None:
+                 seed: int, dispatch: Dispatch, fp8_indexer: bool = False) -> None:
         if context_length < shape.topk:
             raise ValueError(f"context length {context_length} is below top-k {shape.topk}")
-        self.shape, self.dispatch = shape, dispatch
+        self.shape, self.dispatch, self.fp8_indexer = shape, dispatch, fp8_indexer
         generator = torch.Generator(device=device).manual_seed(seed)
         dtype = torch.bfloat16
 
@@ -98,6 +104,9 @@ class DecodeStep:
             }
             for _ in range(s.layers)
         ]
+        if fp8_indexer:  # the cache as served: e4m3 keys, one float32 scale per token
+            for layer in self.layers:
+                layer["index_k"], layer["index_k_scale"] = quantize_rows(layer["index_k"])
         self.x = torch.randn(batch, s.hidden, generator=generator, device=device).to(dtype)
 
     def __call__(self) -> torch.Tensor:
@@ -113,7 +122,12 @@ class DecodeStep:
         q_latent = kernels.rmsnorm(h @ layer["q_down"], layer["q_norm"], RMS_EPS)
         index_q = (q_latent @ layer["index_q"]).view(-1, s.index_heads, s.index_dim)
         index_weights = (h.float() @ layer["index_w"]) * s.index_heads**-0.5
-        selected = kernels.dsa_indexer_topk(index_q, layer["index_k"], index_weights, s.topk)
+        if self.fp8_indexer:
+            index_q, q_scale = quantize_rows(index_q)
+            selected = kernels.dsa_indexer_topk_fp8(index_q, layer["index_k"], layer["index_k_scale"],
+                                                    index_weights * q_scale, s.topk)
+        else:
+            selected = kernels.dsa_indexer_topk(index_q, layer["index_k"], index_weights, s.topk)
         q = (q_latent @ layer["q_up"]).view(-1, s.heads, s.cache_width)
         kv = layer["cache"][selected]  # [batch, topk, cache_width]: only what the indexer chose
         scores = torch.einsum("bhc,btc->bht", q, kv).float() * s.cache_width**-0.5

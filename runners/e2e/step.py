@@ -17,7 +17,7 @@ from runners.e2e.model import SHAPES, DecodeStep, Dispatch, Kernel
 from runners.harness import timing
 from runners.ops import get_op
 
-DISPATCHED_OPS = ("rmsnorm", "dsa_indexer_topk")
+DISPATCHED_OPS = ("rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8")
 WARMUP_CALLS = 3
 
 
@@ -46,8 +46,9 @@ def build_step(op_name: str, kernel: Kernel, *, device: str, context_length: int
         raise ValueError(f"the decode step does not dispatch {op_name!r} (it dispatches {', '.join(DISPATCHED_OPS)})")
     kernels = kept_dispatch()
     kernels[op_name] = kernel
+    # The fp8 op is served by the step's fp8 indexer; every other op runs beside the bf16 one.
     step = DecodeStep(SHAPES[device], context_length=context_length, batch=batch, device=device,
-                      seed=seed, dispatch=Dispatch(**kernels))
+                      seed=seed, dispatch=Dispatch(**kernels), fp8_indexer=op_name == "dsa_indexer_topk_fp8")
     if device != "cuda":
         return step
     return _captured(step)
