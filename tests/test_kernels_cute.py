@@ -237,7 +237,7 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
         module = load(materialize(source, point), f"point{index}")
         scores = module.compiled_scores_mma(
             torch.bfloat16, 64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132,
-            torch.float32, point["SCHEDULE"])
+            torch.float32, point["SCHEDULE"], point["REDUCE"])
         select = module.compiled_select(64, 5000, 8, 2048, point["SELECT_THREADS"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores), "select": ptx_facts(select),
@@ -259,7 +259,7 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
         scores = module.compiled_scores_mma(64, 64, 128, 5000, point["ROWS"], point["STAGES"], 132,
-                                            torch.float32, point["SCHEDULE"])
+                                            torch.float32, point["SCHEDULE"], point["REDUCE"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores),
                        "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
@@ -273,11 +273,16 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
 
 def _assert_schedule(scores: dict, label: str) -> None:
     """Pingpong adds a loading warpgroup to the two MMA warpgroups, and hands the MMA issue
-    between them through named barriers; cooperative has neither."""
+    between them through named barriers; cooperative has neither. The reduction's
+    histogram counts show which REDUCE the point compiled."""
     pingpong = "SCHEDULE=pingpong" in label
     assert pingpong or "SCHEDULE=cooperative" in label
     assert scores["threads"] == (["384"] if pingpong else ["256"])
     assert (scores["named_arrives"] > 0) == pingpong
+    # Each lane counts the sums it stores: all 2*ROWS of the quad's under divergent
+    # branches ("shuffle"), or the ROWS/2 the reduce-scatter left it ("scatter").
+    rows = int(label.split("ROWS=")[1].split(",")[0])
+    assert scores["smem_atomics"] == (rows // 2 if "REDUCE=scatter" in label else 2 * rows)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@
 The kernel's forward is two launches: the wgmma scores (with the first radix digit's
 histogram) and the per-row select. Each is captured alone in a CUDA graph and timed
 over `--replays` replays, L2 flushed before each (as `indexer_points.py` does), for
-the scores kernel's variants (ROWS, STAGES, SCHEDULE: cooperative or pingpong) and
+the scores kernel's variants (ROWS, SCHEDULE, REDUCE) and
 the select's thread counts; the whole forward of the shipped parameters is timed the
 same way and checked against the op's reference first. Per context it also reports
 how many scores share the top-k-th score's first-digit bin (the select's candidates:
@@ -34,9 +34,9 @@ from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
 from runners.ops import get_op  # noqa: E402
 
 KERNEL = ROOT / "runners/ops/dsa_indexer_topk/kernels/logits_topk_cute.py"
-# (ROWS, STAGES, SCHEDULE): the scores kernel's variants worth telling apart.
-SCORE_VARIANTS = [(rows, stages, schedule) for rows in (2, 4) for stages in (2, 3)
-                  for schedule in ("cooperative", "pingpong")]
+# (ROWS, STAGES, SCHEDULE, REDUCE): the scores kernel's variants worth telling apart.
+SCORE_VARIANTS = [(rows, 3, schedule, reduce) for rows in (2, 4) for schedule in ("cooperative", "pingpong")
+                  for reduce in ("shuffle", "scatter")]
 SELECT_THREADS = [512, 1024]
 
 
@@ -77,17 +77,17 @@ def main() -> None:
             row = {"context": context, "floor_ms": floor_ms(op, workload, hardware)}
             row["forward_ms"] = statistics.median(time_graph(module.forward, inputs, args.replays, flush))
             scores = torch.empty(rows_m, context, dtype=torch.float32, device="cuda")
-            for rows, stages, schedule in SCORE_VARIANTS:
+            for rows, stages, schedule, reduce in SCORE_VARIANTS:
                 splits, _ = module._mma_splits(rows_m, context, rows, sms)
                 hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device="cuda")
                 kernel = module.compiled_scores_mma(
-                    q.dtype, rows_m, heads, dim, context, rows, stages, sms, weights.dtype, schedule)
+                    q.dtype, rows_m, heads, dim, context, rows, stages, sms, weights.dtype, schedule, reduce)
                 tensors = [from_dlpack(t, assumed_align=16) for t in (q.view(rows_m * heads, dim), k, weights, scores, hist)]
 
                 def launch(*_unused, kernel=kernel, tensors=tensors):
                     kernel(*tensors, module._stream(q))
 
-                key = f"scores ROWS={rows} STAGES={stages} {schedule}"
+                key = f"scores ROWS={rows} STAGES={stages} {schedule} {reduce}"
                 row[key] = statistics.median(time_graph(launch, {}, args.replays, flush))
             # The select reads the scores and histograms of the last variant run.
             row["in_bin"] = candidates_in_bin(scores, topk)

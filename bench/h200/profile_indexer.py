@@ -35,8 +35,10 @@ from runners.space import materialize  # noqa: E402
 
 KERNELS = {"dsa_indexer_topk": "logits_topk_cute", "dsa_indexer_topk_fp8": "logits_topk_fp8_cute"}
 KEPT = {
-    "logits_topk_cute": {"ROWS": 2, "STAGES": 3, "SCHEDULE": "cooperative", "SELECT_THREADS": 1024},
-    "logits_topk_fp8_cute": {"ROWS": 4, "STAGES": 6, "SCHEDULE": "pingpong", "SELECT_THREADS": 1024},
+    "logits_topk_cute": {"ROWS": 2, "STAGES": 3, "SCHEDULE": "cooperative", "REDUCE": "shuffle",
+                         "SELECT_THREADS": 1024},
+    "logits_topk_fp8_cute": {"ROWS": 4, "STAGES": 6, "SCHEDULE": "pingpong", "REDUCE": "shuffle",
+                             "SELECT_THREADS": 1024},
 }
 
 

@@ -36,6 +36,11 @@ No torch op computes anything: forward only allocates.
   in shared memory serves all of them.
 - STAGES: 128-token key tiles in flight (16 KB each at D=128).
 - SCHEDULE: "cooperative" or "pingpong", above.
+- REDUCE: how a quad of lanes adds up its partial sums. "shuffle": two butterfly
+  shuffles per sum, then each lane stores one sum under a divergent branch (measured
+  on the H200). "scatter": two accumulators per sum, a reduce-scatter (three shuffles
+  for four sums) that leaves each lane its own sums to store, no divergence; written
+  after ncu found the reduction latency-bound, compiled for sm_90a, not yet timed.
 - SELECT_THREADS: threads of each row's select CTA (1024 beat 512 in the bf16 kernel
   at every context on the H200).
 
@@ -68,13 +73,15 @@ PARAMS = {
     "ROWS": 4,
     "STAGES": 6,
     "SCHEDULE": "pingpong",
+    "REDUCE": "shuffle",
     "SELECT_THREADS": 1024,
 }
 
 SPACE = {
     "ROWS": [2, 4],
-    "STAGES": [4, 6],
+    "STAGES": [6],
     "SCHEDULE": ["cooperative", "pingpong"],
+    "REDUCE": ["shuffle", "scatter"],
     "SELECT_THREADS": [1024],
 }
 
@@ -99,6 +106,7 @@ _DEFAULT_SMS = 132
 
 _FP8 = torch.float8_e4m3fn
 _SCHEDULES = ("cooperative", "pingpong")
+_REDUCTIONS = ("shuffle", "scatter")
 # Pingpong's registers per thread once the loading warpgroup gives its own up: 40 for
 # it and 232 for each MMA warpgroup fill the 64K of an SM.
 _LOADER_REGISTERS = 40
@@ -181,31 +189,78 @@ def _reduce_tile(
     acc: cute.Tensor, tCcC: cute.Tensor, weight: cute.Tensor, k_scale: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32,
     rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32,
+    scatter: cutlass.Constexpr,
 ):
     """k_scale[n] * sum_h w[m, h] * relu(logit) for the tile's tokens: this thread's heads
-    of each (row half, query row), then the quad's other three lanes through two
-    shuffles; each score is stored and counted in the histogram."""
+    of each (row half, query row), then across the quad's four lanes; each score is
+    stored and counted in the histogram. REDUCE as in the bf16 kernel ("shuffle": two
+    butterfly shuffles per sum and a divergent store; "scatter": two accumulators per
+    sum and a reduce-scatter, each lane storing its own sums), and with "scatter" the
+    key scales of this lane's tokens are loaded before the sums, which hide the load."""
+    bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
+    tokens, scales = [], []
+    if cutlass.const_expr(scatter):
+        # Lane q stores sum e = 4j + q for each j: its row half is bit 1 of e when
+        # ROWS=2, j when 4 (the accumulator's halves are tokens 8 apart).
+        for j in cutlass.range_constexpr(2 * rows // 4):
+            if cutlass.const_expr(rows == 2):
+                first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
+                token = tile_start + cutlass.Int32(cutlass.select_(bit1, second, first))
+            else:
+                token = tile_start + tCcC[(0, j, 0), 0, 0][0]
+            tokens.append(token)
+            scales.append(k_scale[cutlass.min(token, scores.shape[1] - 1)])
     partials = []
     for half in cutlass.range_constexpr(2):
         for r in cutlass.range_constexpr(rows):
-            part = cutlass.Float32(0.0)
-            for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
-                for i in cutlass.range_constexpr(2):
-                    part += weight[i, b] * cute.arch.fmax(acc[(i, half, b), 0, 0], cutlass.Float32(0.0))
-            part += cute.arch.shuffle_sync_bfly(part, 1)
-            part += cute.arch.shuffle_sync_bfly(part, 2)
-            partials.append(part)
-    # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
-    for e in cutlass.range_constexpr(2 * rows):
-        half, r = divmod(e, rows)
-        token = tile_start + tCcC[(0, half, 0), 0, 0][0]
-        if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
-            _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
+            if cutlass.const_expr(scatter):
+                even, odd = cutlass.Float32(0.0), cutlass.Float32(0.0)
+                for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                    even += weight[0, b] * cute.arch.fmax(acc[(0, half, b), 0, 0], cutlass.Float32(0.0))
+                    odd += weight[1, b] * cute.arch.fmax(acc[(1, half, b), 0, 0], cutlass.Float32(0.0))
+                partials.append(even + odd)
+            else:
+                part = cutlass.Float32(0.0)
+                for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                    for i in cutlass.range_constexpr(2):
+                        part += weight[i, b] * cute.arch.fmax(acc[(i, half, b), 0, 0], cutlass.Float32(0.0))
+                part += cute.arch.shuffle_sync_bfly(part, 1)
+                part += cute.arch.shuffle_sync_bfly(part, 2)
+                partials.append(part)
+    if cutlass.const_expr(scatter):
+        # Lanes swap the half of their sums whose bit 1 of e is not their own (xor 2),
+        # then of the rest the half whose bit 0 is not (xor 1).
+        for j in cutlass.range_constexpr(2 * rows // 4):
+            kept = []
+            for b0 in cutlass.range_constexpr(2):
+                low, high = partials[4 * j + b0], partials[4 * j + 2 + b0]
+                send = cutlass.Float32(cutlass.select_(bit1, low, high))
+                keep = cutlass.Float32(cutlass.select_(bit1, high, low))
+                kept.append(keep + cute.arch.shuffle_sync_bfly(send, 2))
+            send = cutlass.Float32(cutlass.select_(bit0, kept[0], kept[1]))
+            keep = cutlass.Float32(cutlass.select_(bit0, kept[1], kept[0]))
+            total = keep + cute.arch.shuffle_sync_bfly(send, 1)
+            r = (4 * j + quad) % rows
+            if tokens[j] < scores.shape[1] and row0 + r < scores.shape[0]:
+                _record(scores, hist, row0 + r, tokens[j], r, scales[j] * total)
+    else:
+        # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
+        for e in cutlass.range_constexpr(2 * rows):
+            half, r = divmod(e, rows)
+            token = tile_start + tCcC[(0, half, 0), 0, 0][0]
+            if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
+                _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
 
 
 def _tile_tokens(pingpong: bool) -> int:
     """Tokens per key tile: both warpgroups' M together, or one's when they take turns."""
     return _TOKENS // 2 if pingpong else _TOKENS
+
+
+def _scatters(reduce: str, rows: int) -> bool:
+    """The reduce-scatter hands each lane of a quad whole sums: it needs an even ROWS
+    (ROWS=1, for heads over 128, keeps the shuffles)."""
+    return reduce == "scatter" and rows % 2 == 0
 
 
 def _score_threads(pingpong: bool) -> int:
@@ -221,7 +276,7 @@ def _consume(
     keys, producer, tma_k, tKgK, tKsK, k_scale: cute.Tensor, scores: cute.Tensor, sHist: cute.Tensor,
     first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32,
     rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr,
-    stages: cutlass.Constexpr, pingpong: cutlass.Constexpr,
+    stages: cutlass.Constexpr, pingpong: cutlass.Constexpr, scatter: cutlass.Constexpr,
 ):
     """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores. Cooperative,
     warp 0 also refills the stages freed."""
@@ -270,7 +325,7 @@ def _consume(
             read.advance()
             read.advance()
             _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
-                         heads, quad)
+                         heads, quad, scatter)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         for t in cutlass.range(tile_count, unroll=1):
@@ -282,7 +337,7 @@ def _consume(
             release.advance()
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
             _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
-                         heads, quad)
+                         heads, quad, scatter)
 
 
 @cute.kernel
@@ -291,7 +346,7 @@ def _score_tiles(
     k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
     tiled_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
     dtype: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr, scatter: cutlass.Constexpr,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     group, split, _ = cute.arch.block_idx()
@@ -375,12 +430,12 @@ def _score_tiles(
         else:
             cute.arch.setmaxregister_increase(_MMA_REGISTERS)
             _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                     first_tile, tile_count, row0, rows, heads, dim, stages, pingpong)
+                     first_tile, tile_count, row0, rows, heads, dim, stages, pingpong, scatter)
     else:
         for _ in cutlass.range_constexpr(stages):
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
         _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                 first_tile, tile_count, row0, rows, heads, dim, stages, pingpong)
+                 first_tile, tile_count, row0, rows, heads, dim, stages, pingpong, scatter)
 
     cute.arch.sync_threads()
     _write_hist(sHist, hist, split, row0, rows, threads)
@@ -391,6 +446,7 @@ def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, k_scale: cute.Tensor, weights: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr,
     stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr,
+    scatter: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
@@ -414,7 +470,7 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, k_layout,
-        q_layout, k.element_type, rows, stages, tiles_per_cta, pingpong,
+        q_layout, k.element_type, rows, stages, tiles_per_cta, pingpong, scatter,
     ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(pingpong), 1, 1), stream=stream)
 
 
@@ -749,6 +805,7 @@ def _mma_splits(rows_m: int, context: int, rows: int, sms: int) -> tuple[int, in
 def compiled_scores_mma(
     rows_m: int, heads: int, dim: int, context: int, rows: int, stages: int, sms: int,
     weight_dtype: torch.dtype = torch.float32, schedule: str = "cooperative",
+    reduce: str = "shuffle",
 ):
     """The e4m3 tensor-core scores kernel for one shape and parameters; no GPU needed.
 
@@ -758,6 +815,8 @@ def compiled_scores_mma(
                          f"got ROWS={rows}, H={heads}, D={dim}")
     if schedule not in _SCHEDULES:
         raise ValueError(f"SCHEDULE is one of {_SCHEDULES}; got {schedule!r}")
+    if reduce not in _REDUCTIONS:
+        raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
     splits, per_cta = _mma_splits(rows_m, context, rows, sms)
     pingpong = schedule == "pingpong"
     halves = 2 if pingpong else 1
@@ -767,7 +826,7 @@ def compiled_scores_mma(
         _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (context, dim)),
         _fake(cutlass.Float32, (context,)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
         _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
-        cuda.CUstream(0), rows, stages * halves, per_cta * halves, pingpong,
+        cuda.CUstream(0), rows, stages * halves, per_cta * halves, pingpong, _scatters(reduce, rows),
     )
 
 
@@ -814,7 +873,7 @@ def forward(
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
     stream = _stream(q)
     kernel = compiled_scores_mma(rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype,
-                                 PARAMS["SCHEDULE"])
+                                 PARAMS["SCHEDULE"], PARAMS["REDUCE"])
     kernel(*(from_dlpack(t, assumed_align=_ALIGN)
              for t in (q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist)), stream)
     compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
