@@ -5,9 +5,12 @@ report. No timing is asserted: the figures live in docs/."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120
@@ -66,3 +69,32 @@ def test_the_h200_results_go_through_import_review_and_the_path_chart(tmp_path):
             "'SELECT_THREADS': 1024}, geomean 10.53x") in done.stdout
     assert "dsa_indexer_topk_fp8: reverted fused_logits_fp8_triton" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
+
+
+def _h200_script(name: str):
+    """An H200 script as a module (it puts its own folder on sys.path for its helpers)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "h200" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_h200_targets_are_judged_on_one_run_s_medians():
+    targets = _h200_script("indexer_targets")
+    floors = {32768: 0.035, 65536: 0.070, 131072: 0.141, 262144: 0.281}
+    rows = {context: {targets.TORCH_EAGER: 10 * floor, targets.FUSED: 3 * floor, targets.BF16: 1.1 * floor,
+                      targets.FP8: 0.55 * floor} for context, floor in floors.items()}
+    judged = targets.verdicts(rows, floors)
+    assert "bf16 within 1.2x of the floor at 256K: 1.10x (0.309 ms, floor 0.281) met" in judged
+    assert "bf16 at most 0.47 ms at 256K: 0.309 ms met" in judged
+    assert "bf16 at least 1.5x faster than fused logits + torch.topk at 128K: 2.73x met" in judged
+    assert "bf16 never slower than torch eager: met" in judged
+    assert "fp8 at most 0.6x the bf16 kernel at 256K: 0.50x met" in judged
+
+    rows[32768][targets.BF16] = 11 * floors[32768]  # slower than eager there, and 11x its floor
+    rows[262144][targets.FP8] = 0.7 * rows[262144][targets.BF16]
+    judged = targets.verdicts(rows, floors)
+    assert "bf16 within 1.5x of the floor at 32K: 11.00x (0.385 ms, floor 0.035) not met" in judged
+    assert "bf16 never slower than torch eager: not met at 32K" in judged
+    assert "fp8 at most 0.6x the bf16 kernel at 256K: 0.70x not met" in judged
+    assert targets.thesis_floor_ms(262144) == pytest.approx(0.392, abs=0.001)  # the issue's 0.39 ms
