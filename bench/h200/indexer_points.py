@@ -65,18 +65,24 @@ def check(op, forward) -> str | None:
     return None
 
 
-def time_graph(forward, inputs: dict, replays: int, flush: torch.Tensor) -> list[float]:
-    """Milliseconds of each replay of forward captured in a CUDA graph, L2 flushed before each."""
-    args = list(inputs.values())
+def capture_graph(forward, args: list) -> torch.cuda.CUDAGraph:
+    """forward(*args) captured in a CUDA graph, after two calls on a side stream that
+    compile and warm it up (capture cannot compile)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(2):  # compile and warm up outside the capture
+        for _ in range(2):
             forward(*args)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         forward(*args)
+    return graph
+
+
+def time_graph(forward, inputs: dict, replays: int, flush: torch.Tensor) -> list[float]:
+    """Milliseconds of each replay of forward captured in a CUDA graph, L2 flushed before each."""
+    graph = capture_graph(forward, list(inputs.values()))
     times = []
     for _ in range(replays):
         flush.add_(1)

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from indexer_points import check, load  # noqa: E402
+from indexer_points import capture_graph, check, load  # noqa: E402
 
 from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
 from runners.ops import get_op  # noqa: E402
@@ -63,20 +63,6 @@ def forward_of(op, kernel: str, point: dict | None, scratch: Path, name: str):
     file = scratch / f"{name}.py"
     file.write_text(source)
     return load(file, name).forward
-
-
-def capture(forward, args: list):
-    """forward captured in a CUDA graph after two warm calls on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            forward(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward(*args)
-    return graph
 
 
 def time_rounds(graphs: dict[str, torch.cuda.CUDAGraph], rounds: int, flush: torch.Tensor) -> dict[str, list[float]]:
@@ -157,7 +143,7 @@ def main() -> None:
                 workload = op.workloads("cuda", [context], op.default_batch_sizes("cuda"))[0]
                 inputs = list(op.make_inputs(workload, 11, "normal").values())
                 keep.append(inputs)  # the graphs read these buffers
-                graphs[label] = capture(forwards[label], inputs)
+                graphs[label] = capture_graph(forwards[label], inputs)
                 if op_name == "dsa_indexer_topk":
                     floors[context] = floor_ms(op, workload, hardware)
             times = time_rounds(graphs, args.rounds, flush)
