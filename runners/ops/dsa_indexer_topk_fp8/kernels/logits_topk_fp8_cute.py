@@ -11,8 +11,9 @@ one float32 scale per key token (k_scale), q's scale folded into the weights.
    instruction, twice the bf16 rate) with the tokens as the MMA's M (64 per
    warpgroup), the ROWS*H query heads as its N (128 or 256) and D as its K, accumulated
    in float32; SCHEDULE is "cooperative" (both on one 128-token tile, then both
-   reducing it) or "pingpong" (each on every other 64-token tile, fed by a warpgroup
-   that loads, one reducing while the other's MMA runs), as in the bf16 kernel. All
+   reducing it), "pingpong" (each on every other 64-token tile, fed by a warpgroup
+   that loads, one reducing while the other's MMA runs) or "roundrobin" (three in turn,
+   ROWS=2 at most), as in the bf16 kernel. All
    heads of one token sit in one quad of lanes:
    ReLU, the weights and the sum over heads happen in registers plus two shuffles. The
    key's scale is positive and shared by every head, so relu(s * x) = s * relu(x) and
@@ -35,7 +36,9 @@ No torch op computes anything: forward only allocates.
 - ROWS: query rows per CTA; ROWS x H is the MMA's N (at most 256), and each key tile
   in shared memory serves all of them.
 - STAGES: 128-token key tiles in flight (16 KB each at D=128).
-- SCHEDULE: "cooperative" or "pingpong", above.
+- SCHEDULE: "cooperative", "pingpong" or "roundrobin", above. The e4m3 MMA takes half
+  the bf16 one's time while the reduction takes the same: three warpgroups in turn
+  are what could hide it.
 - REDUCE: how a quad of lanes adds up its partial sums. "shuffle": two butterfly
   shuffles per sum, then each lane stores one sum under a divergent branch (measured
   on the H200). "scatter": two accumulators per sum, a reduce-scatter (three shuffles
@@ -80,7 +83,7 @@ PARAMS = {
 SPACE = {
     "ROWS": [2, 4],
     "STAGES": [6],
-    "SCHEDULE": ["cooperative", "pingpong"],
+    "SCHEDULE": ["cooperative", "pingpong", "roundrobin"],
     "REDUCE": ["shuffle", "scatter"],
     "SELECT_THREADS": [1024],
 }
@@ -105,12 +108,14 @@ _MAX_TOPK = 8192
 _DEFAULT_SMS = 132
 
 _FP8 = torch.float8_e4m3fn
-_SCHEDULES = ("cooperative", "pingpong")
+# How many MMA warpgroups take turns on the tensor cores ("cooperative": two as one).
+_SCHEDULES = {"cooperative": 1, "pingpong": 2, "roundrobin": 3}
 _REDUCTIONS = ("shuffle", "scatter")
-# Pingpong's registers per thread once the loading warpgroup gives its own up: 40 for
-# it and 232 for each MMA warpgroup fill the 64K of an SM.
+# Registers per thread once the loading warpgroup gives its own up: 40 for it, and for
+# each MMA warpgroup as many as fill the SM's 64K (multiples of 8): 232 when two take
+# turns, 152 when three do (their accumulators then hold at most 128 columns).
 _LOADER_REGISTERS = 40
-_MMA_REGISTERS = 232
+_MMA_REGISTERS = {2: 232, 3: 152}
 _WEIGHT_DTYPES = {torch.float32: cutlass.Float32, torch.bfloat16: cutlass.BFloat16}
 
 
@@ -252,9 +257,17 @@ def _reduce_tile(
                 _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
 
 
-def _tile_tokens(pingpong: bool) -> int:
+def _tile_tokens(turns: int) -> int:
     """Tokens per key tile: both warpgroups' M together, or one's when they take turns."""
-    return _TOKENS // 2 if pingpong else _TOKENS
+    return _TOKENS // 2 if turns > 1 else _TOKENS
+
+
+def mma_rows(rows: int, heads: int, schedule: str) -> int:
+    """Query rows per CTA as compiled: ROWS, as many as the accumulator's columns allow
+    (ROWS*H at most 256, or 128 when three warpgroups take turns and share the
+    registers; at least one row)."""
+    columns = 128 if _SCHEDULES.get(schedule) == 3 else 256
+    return min(rows, max(1, columns // heads))
 
 
 def _scatters(reduce: str, rows: int) -> bool:
@@ -263,11 +276,11 @@ def _scatters(reduce: str, rows: int) -> bool:
     return reduce == "scatter" and rows % 2 == 0
 
 
-def _score_threads(pingpong: bool) -> int:
-    """The two MMA warpgroups, and a third that loads when they take turns (a whole
-    warpgroup, so registers can move from it to them: nine warps alone would cap every
-    thread at 168 registers, and ROWS=4's accumulators need more)."""
-    return _MMA_THREADS + (_MMA_THREADS // 2 if pingpong else 0)
+def _score_threads(turns: int) -> int:
+    """The two cooperative MMA warpgroups; or those taking turns and one more that loads
+    (a whole warpgroup, so registers can move from it to them: nine warps alone would
+    cap every thread at 168 registers, and ROWS=4's accumulators need more)."""
+    return _MMA_THREADS if turns == 1 else (turns + 1) * _MMA_THREADS // 2
 
 
 @cute.jit
@@ -276,7 +289,7 @@ def _consume(
     keys, producer, tma_k, tKgK, tKsK, k_scale: cute.Tensor, scores: cute.Tensor, sHist: cute.Tensor,
     first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32,
     rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr,
-    stages: cutlass.Constexpr, pingpong: cutlass.Constexpr, scatter: cutlass.Constexpr,
+    stages: cutlass.Constexpr, turns: cutlass.Constexpr, scatter: cutlass.Constexpr,
 ):
     """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores. Cooperative,
     warp 0 also refills the stages freed."""
@@ -284,9 +297,9 @@ def _consume(
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
     cols = rows * heads
-    tokens = _tile_tokens(pingpong)
-    # Pingpong: each warpgroup is an MMA of its own, on every other tile.
-    thr_mma = tiled_mma.get_slice(tidx % 128 if pingpong else tidx)
+    tokens = _tile_tokens(turns)
+    # Taking turns, each warpgroup is an MMA of its own, on every `turns`-th tile.
+    thr_mma = tiled_mma.get_slice(tidx % 128 if turns > 1 else tidx)
     tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
     tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
     # (token, query head) of every accumulator element this thread holds.
@@ -305,25 +318,25 @@ def _consume(
 
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
-    if cutlass.const_expr(pingpong):
-        # Warpgroup `turn` takes tiles turn, turn+2, ...: while one reduces its tile,
-        # the tensor cores run the other's MMA. Named barriers 1 and 2 hand the
-        # MMA issue back and forth, so the two never start in step; each arrive
-        # is matched by the other warpgroup's wait.
+    if cutlass.const_expr(turns > 1):
+        # Warpgroup `turn` takes tiles turn, turn+turns, ...: while one reduces its
+        # tile, the tensor cores run the others' MMAs. Named barrier 1+w is warpgroup
+        # w's turn to issue, given by the warpgroup that issued the tile before, so
+        # they never start in step; each arrive is matched by one wait.
         turn = warp // 4
-        if turn == 1:
+        for _ in cutlass.range(turn, unroll=1):
             read.advance()
-        for t in cutlass.range(turn, tile_count, 2, unroll=1):
+        for t in cutlass.range(turn, tile_count, turns, unroll=1):
             if t > 0:
                 cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
             keys.consumer_wait(read)
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
             if t + 1 < tile_count:
-                cute.arch.barrier_arrive(barrier_id=2 - turn, number_of_threads=_MMA_THREADS)
+                cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
             warpgroup.wait_group(0)
             keys.consumer_release(read)
-            read.advance()
-            read.advance()
+            for _ in cutlass.range_constexpr(turns):
+                read.advance()
             _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
                          heads, quad, scatter)
     else:
@@ -346,7 +359,7 @@ def _score_tiles(
     k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
     tiled_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
     dtype: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr, scatter: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr, scatter: cutlass.Constexpr,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     group, split, _ = cute.arch.block_idx()
@@ -355,12 +368,12 @@ def _score_tiles(
     dim = k_tiles.shape[1]
     cols = rows * heads
     row0 = group * rows
-    tokens = _tile_tokens(pingpong)
-    threads = _score_threads(pingpong)
-    # Cooperative: warp 0 loads between its MMAs. Pingpong: the first warp of a third
-    # warpgroup, which gives its registers to the other two.
-    loader = _MMA_THREADS // _WARP if pingpong else 0
-    mma_warpgroups = 1 if pingpong else 2
+    tokens = _tile_tokens(turns)
+    threads = _score_threads(turns)
+    # Cooperative: warp 0 loads between its MMAs. Taking turns: the first warp of the
+    # last warpgroup, which gives its registers to the others.
+    loader = turns * 4 if turns > 1 else 0
+    mma_warpgroups = 1 if turns > 1 else 2
     first_tile = split * tiles_per_cta
     tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(scores.shape[1], tokens) - first_tile)
 
@@ -419,7 +432,7 @@ def _score_tiles(
                 q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
             )
         cute.copy(tma_q, tQgQ[(None, group)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
-    if cutlass.const_expr(pingpong):
+    if cutlass.const_expr(turns > 1):
         # Registers move to the MMA warpgroups inside the branches that use them, so
         # the compiler gives each side its own budget.
         if warp >= loader:
@@ -428,14 +441,14 @@ def _score_tiles(
                 for _ in cutlass.range(tile_count, unroll=1):
                     producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, True)
         else:
-            cute.arch.setmaxregister_increase(_MMA_REGISTERS)
+            cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
             _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                     first_tile, tile_count, row0, rows, heads, dim, stages, pingpong, scatter)
+                     first_tile, tile_count, row0, rows, heads, dim, stages, turns, scatter)
     else:
         for _ in cutlass.range_constexpr(stages):
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
         _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                 first_tile, tile_count, row0, rows, heads, dim, stages, pingpong, scatter)
+                 first_tile, tile_count, row0, rows, heads, dim, stages, turns, scatter)
 
     cute.arch.sync_threads()
     _write_hist(sHist, hist, split, row0, rows, threads)
@@ -445,17 +458,17 @@ def _score_tiles(
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, k_scale: cute.Tensor, weights: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr,
-    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, pingpong: cutlass.Constexpr,
+    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr,
     scatter: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
-    tokens = _tile_tokens(pingpong)
+    tokens = _tile_tokens(turns)
     # Both operands are K-major: keys [N, D] are the A (M = tokens), queries [M*H, D]
     # the B (N = query heads). Cooperative: the two warpgroups split a tile's tokens.
     tiled_mma = sm90_utils.make_trivial_tiled_mma(
         k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (1 if pingpong else 2, 1, 1), tiler_mn=(64, cols),
+        cutlass.Float32, (1 if turns > 1 else 2, 1, 1), tiler_mn=(64, cols),
     )
     tile = (tokens, cols, dim)
     k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
@@ -470,8 +483,8 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, k_layout,
-        q_layout, k.element_type, rows, stages, tiles_per_cta, pingpong, scatter,
-    ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(pingpong), 1, 1), stream=stream)
+        q_layout, k.element_type, rows, stages, tiles_per_cta, turns, scatter,
+    ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
 
 
 # --- select ---------------------------------------------------------------------------
@@ -814,19 +827,22 @@ def compiled_scores_mma(
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 128 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
     if schedule not in _SCHEDULES:
-        raise ValueError(f"SCHEDULE is one of {_SCHEDULES}; got {schedule!r}")
+        raise ValueError(f"SCHEDULE is one of {tuple(_SCHEDULES)}; got {schedule!r}")
+    turns = _SCHEDULES[schedule]
+    if turns == 3 and rows * heads > 128:
+        raise ValueError(f"SCHEDULE='roundrobin' keeps {_MMA_REGISTERS[3]} registers a thread, room for "
+                         f"ROWS*H <= 128 accumulator columns; got ROWS={rows}, H={heads}")
     if reduce not in _REDUCTIONS:
         raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
     splits, per_cta = _mma_splits(rows_m, context, rows, sms)
-    pingpong = schedule == "pingpong"
-    halves = 2 if pingpong else 1
+    halves = 2 if turns > 1 else 1
     fp8 = cutlass.Float8E4M3FN
     return cute.compile(
         _launch_scores_mma,
         _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (context, dim)),
         _fake(cutlass.Float32, (context,)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
         _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
-        cuda.CUstream(0), rows, stages * halves, per_cta * halves, pingpong, _scatters(reduce, rows),
+        cuda.CUstream(0), rows, stages * halves, per_cta * halves, turns, _scatters(reduce, rows),
     )
 
 
@@ -866,7 +882,7 @@ def forward(
         raise ValueError(f"{context} context tokens leave no top-{topk}")
     q, k, k_scale, weights = _aligned(q), _aligned(k), _aligned(k_scale), _aligned(weights)
     sms = _sms()
-    rows = min(PARAMS["ROWS"], max(1, 256 // heads))
+    rows = mma_rows(PARAMS["ROWS"], heads, PARAMS["SCHEDULE"])
     splits, _ = _mma_splits(rows_m, context, rows, sms)
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
