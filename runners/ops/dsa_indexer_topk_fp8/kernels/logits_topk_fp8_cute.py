@@ -288,8 +288,8 @@ def _consume(
     tiled_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor, sW: cute.Tensor, q_barrier,
     keys, producer, tma_k, tKgK, tKsK, k_scale: cute.Tensor, scores: cute.Tensor, sHist: cute.Tensor,
     first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32,
-    rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr,
-    stages: cutlass.Constexpr, turns: cutlass.Constexpr, scatter: cutlass.Constexpr,
+    rows: cutlass.Constexpr, heads: cutlass.Constexpr, stages: cutlass.Constexpr,
+    turns: cutlass.Constexpr, scatter: cutlass.Constexpr,
 ):
     """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores. Cooperative,
     warp 0 also refills the stages freed."""
@@ -443,12 +443,12 @@ def _score_tiles(
         else:
             cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
             _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                     first_tile, tile_count, row0, rows, heads, dim, stages, turns, scatter)
+                     first_tile, tile_count, row0, rows, heads, stages, turns, scatter)
     else:
         for _ in cutlass.range_constexpr(stages):
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
         _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                 first_tile, tile_count, row0, rows, heads, dim, stages, turns, scatter)
+                 first_tile, tile_count, row0, rows, heads, stages, turns, scatter)
 
     cute.arch.sync_threads()
     _write_hist(sHist, hist, split, row0, rows, threads)
