@@ -19,27 +19,20 @@ Needs torch and CuTe DSL (on PYTHONPATH) on a GPU.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from indexer_targets import BF16_KEPT, FP8_KEPT, forward_of  # noqa: E402
 
 from runners.ops import get_op  # noqa: E402
-from runners.space import materialize  # noqa: E402
 
 KERNELS = {"dsa_indexer_topk": "logits_topk_cute", "dsa_indexer_topk_fp8": "logits_topk_fp8_cute"}
-KEPT = {
-    "logits_topk_cute": {"ROWS": 2, "STAGES": 3, "SCHEDULE": "cooperative", "REDUCE": "shuffle",
-                         "SELECT_THREADS": 1024},
-    "logits_topk_fp8_cute": {"ROWS": 4, "STAGES": 6, "SCHEDULE": "pingpong", "REDUCE": "shuffle",
-                             "SELECT_THREADS": 1024},
-}
+KEPT = {"logits_topk_cute": BF16_KEPT, "logits_topk_fp8_cute": FP8_KEPT}
 
 
 def main() -> None:
@@ -53,16 +46,11 @@ def main() -> None:
     for op_name in args.ops.split(","):
         op, kernel = get_op(op_name), KERNELS[op_name]
         point = args.points.get(kernel, KEPT[kernel])
-        path = scratch / f"{kernel}.py"
-        path.write_text(materialize(op.kernels()[kernel].read_text(), point))
-        spec = importlib.util.spec_from_file_location(kernel, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[kernel] = module
-        spec.loader.exec_module(module)
+        forward = forward_of(op, kernel, point, scratch, kernel)
         workload = op.workloads("cuda", [args.ctx], op.default_batch_sizes("cuda"))[0]
         inputs = op.make_inputs(workload, 7, "normal")
         for _ in range(args.calls):
-            module.forward(*inputs.values())
+            forward(*inputs.values())
         torch.cuda.synchronize()
         print(f"{op_name} {kernel} {point} ctx={args.ctx}: {args.calls} calls", flush=True)
 
