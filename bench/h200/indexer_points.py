@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
+from runners.harness.timing import HOLD_CYCLES  # noqa: E402
 from runners.ops import get_op  # noqa: E402
 from runners.space import grid_points, materialize, read_literals  # noqa: E402
 
@@ -83,16 +84,20 @@ def capture_graph(forward, args: list) -> torch.cuda.CUDAGraph:
 def time_graph(forward, inputs: dict, replays: int, flush: torch.Tensor) -> list[float]:
     """Milliseconds of each replay of forward captured in a CUDA graph, L2 flushed before each."""
     graph = capture_graph(forward, list(inputs.values()))
-    times = []
-    for _ in range(replays):
-        flush.add_(1)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return [timed_replay(graph, flush) for _ in range(replays)]
+
+
+def timed_replay(graph: torch.cuda.CUDAGraph, flush: torch.Tensor) -> float:
+    """ms of one replay on the GPU's clock, after an L2 flush. As in the harness, the GPU
+    spins while the host queues the events and the replay, so no launch latency is timed."""
+    flush.add_(1)
+    torch.cuda._sleep(HOLD_CYCLES)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
 
 
 def kernel_points(op, only: set[str] | None):

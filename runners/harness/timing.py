@@ -11,8 +11,11 @@ memory hoping it still holds an earlier answer returns NaN instead.
 
 CUDA: every input set is captured once into a CUDA graph (production replays graphs; a
 candidate that cannot be captured is rejected) and each call is a replay, with the
-persisting-L2 limit reset to 0, the L2 flushed by writing twice its size, and a
-device-wide synchronize before the end event so work left on side streams is counted.
+persisting-L2 limit reset to 0 and the L2 flushed by writing twice its size. The events
+bracket the replay on the GPU's own clock: the GPU is held busy while the host queues
+start event, replay and end event, so no host latency (the graph launch, a synchronize
+returning) falls between them, and a capture joins every side stream it forks, so the
+end event follows all of the call's work. A device-wide synchronize ends each call.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ _perf_counter_ns = time.perf_counter_ns
 
 # cudaLimitPersistingL2CacheSize in the CUDA runtime's cudaLimit enum.
 _CUDA_LIMIT_PERSISTING_L2 = 0x06
+# How long the GPU spins before the start event, while the host queues the event, the
+# replay and the end event: about 0.5 ms at an H200's clocks, far more than those host
+# calls take. Without it the GPU would sit idle, clock running, until the graph launch
+# arrived: tens of microseconds that differ from process to process, as much as a
+# 0.03 ms kernel itself.
+HOLD_CYCLES = 1_000_000
 
 LaunchCounter = Callable[[], ContextManager[Any]]
 
@@ -244,6 +253,8 @@ class CudaRunner:
         self.persisting_l2 = _PersistingL2()
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
+        # Bound before any candidate is imported, like the clock (see HOLD_CYCLES).
+        self.hold = torch.cuda._sleep
         # One memory pool per group of slots (a workload's pool of input sets): safe
         # because replays never overlap and every captured output is kept alive.
         self.pools: dict[str, Any] = {}
@@ -285,14 +296,13 @@ class CudaRunner:
         self.last_output, self.last_slot = None, None
         self.persisting_l2.reset()
         _poison_storage(captured.output)
-        self.flush.fill_(1)
         torch.cuda.synchronize()
+        self.flush.fill_(1)
+        self.hold(HOLD_CYCLES)
         self.start.record()
         captured.replay()
-        # Device-wide: a side stream still working would otherwise finish off the clock.
-        torch.cuda.synchronize()
         self.end.record()
-        self.end.synchronize()
+        torch.cuda.synchronize()
         self.last_output, self.last_slot = captured.output, slot
         self.last_torch_ops = captured.torch_ops
         return self.start.elapsed_time(self.end), captured.launches
@@ -353,6 +363,6 @@ def watch_measurement(integrity: Integrity, device: str) -> None:
     integrity.watch(time, ["perf_counter_ns", "perf_counter", "monotonic"], "time")
     integrity.watch_module(sys.modules[__name__])
     if device == "cuda":
-        integrity.watch(torch.cuda, ["synchronize", "graph"], "torch.cuda")
+        integrity.watch(torch.cuda, ["synchronize", "graph", "_sleep"], "torch.cuda")
         integrity.watch(torch.cuda.Event, ["record", "elapsed_time", "synchronize"], "torch.cuda.Event")
         integrity.watch(torch.cuda.CUDAGraph, ["replay"], "torch.cuda.CUDAGraph")

@@ -190,31 +190,42 @@ def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, loads):
 
 
 @cute.jit
+def _lane_scales(
+    tCcC: cute.Tensor, k_scale: cute.Tensor, tile_start: cutlass.Int32, context: cutlass.Int32,
+    rows: int, quad: cutlass.Int32,
+) -> tuple[list, list]:
+    """The tokens whose sums this lane stores under REDUCE="scatter", and their key
+    scales. Lane q stores sum e = 4j + q for each j: its row half is bit 1 of e when
+    ROWS=2, j when 4 (the accumulator's halves are tokens 8 apart). Loaded before the
+    wait on the tile's MMA, the scales arrive while it runs (ncu: loaded after it, the
+    multiply waiting on them was 12% of a consumer's time)."""
+    bit1 = (quad & 2) == 2
+    tokens, scales = [], []
+    for j in cutlass.range_constexpr(2 * rows // 4):
+        if cutlass.const_expr(rows == 2):
+            first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
+            token = tile_start + cutlass.Int32(cutlass.select_(bit1, second, first))
+        else:
+            token = tile_start + tCcC[(0, j, 0), 0, 0][0]
+        tokens.append(token)
+        scales.append(k_scale[cutlass.min(token, context - 1)])
+    return tokens, scales
+
+
+@cute.jit
 def _reduce_tile(
     acc: cute.Tensor, tCcC: cute.Tensor, weight: cute.Tensor, k_scale: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32,
     rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32,
-    scatter: cutlass.Constexpr,
+    scatter: cutlass.Constexpr, tokens: list, scales: list,
 ):
     """k_scale[n] * sum_h w[m, h] * relu(logit) for the tile's tokens: this thread's heads
     of each (row half, query row), then across the quad's four lanes; each score is
     stored and counted in the histogram. REDUCE as in the bf16 kernel ("shuffle": two
     butterfly shuffles per sum and a divergent store; "scatter": two accumulators per
-    sum and a reduce-scatter, each lane storing its own sums), and with "scatter" the
-    key scales of this lane's tokens are loaded before the sums, which hide the load."""
+    sum and a reduce-scatter, each lane storing its own sums, `tokens` and `scales`
+    from _lane_scales)."""
     bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
-    tokens, scales = [], []
-    if cutlass.const_expr(scatter):
-        # Lane q stores sum e = 4j + q for each j: its row half is bit 1 of e when
-        # ROWS=2, j when 4 (the accumulator's halves are tokens 8 apart).
-        for j in cutlass.range_constexpr(2 * rows // 4):
-            if cutlass.const_expr(rows == 2):
-                first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
-                token = tile_start + cutlass.Int32(cutlass.select_(bit1, second, first))
-            else:
-                token = tile_start + tCcC[(0, j, 0), 0, 0][0]
-            tokens.append(token)
-            scales.append(k_scale[cutlass.min(token, scores.shape[1] - 1)])
     partials = []
     for half in cutlass.range_constexpr(2):
         for r in cutlass.range_constexpr(rows):
@@ -244,10 +255,10 @@ def _reduce_tile(
                 kept.append(keep + cute.arch.shuffle_sync_bfly(send, 2))
             send = cutlass.Float32(cutlass.select_(bit0, kept[0], kept[1]))
             keep = cutlass.Float32(cutlass.select_(bit0, kept[1], kept[0]))
-            total = keep + cute.arch.shuffle_sync_bfly(send, 1)
+            score = scales[j] * (keep + cute.arch.shuffle_sync_bfly(send, 1))
             r = (4 * j + quad) % rows
             if tokens[j] < scores.shape[1] and row0 + r < scores.shape[0]:
-                _record(scores, hist, row0 + r, tokens[j], r, scales[j] * total)
+                _record(scores, hist, row0 + r, tokens[j], r, score)
     else:
         # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
         for e in cutlass.range_constexpr(2 * rows):
@@ -333,24 +344,30 @@ def _consume(
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
             if t + 1 < tile_count:
                 cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+            tile_start = (first_tile + t) * tokens
+            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad) \
+                if scatter else ([], [])
             warpgroup.wait_group(0)
             keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
-                         heads, quad, scatter)
+            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows,
+                         heads, quad, scatter, lane_tokens, lane_scales)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         for t in cutlass.range(tile_count, unroll=1):
             keys.consumer_wait(read)
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
             read.advance()
+            tile_start = (first_tile + t) * tokens
+            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad) \
+                if scatter else ([], [])
             warpgroup.wait_group(0)
             keys.consumer_release(release)
             release.advance()
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, (first_tile + t) * tokens, row0, rows,
-                         heads, quad, scatter)
+            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows,
+                         heads, quad, scatter, lane_tokens, lane_scales)
 
 
 @cute.kernel
