@@ -53,8 +53,10 @@ def test_the_h200_report_prints_the_committed_results_files():
     assert ("| dsa_indexer_topk | logits_topk_cute (run of 2026-11-30 12:37) | ROWS=2, STAGES=3, "
             "SELECT_THREADS=1024 | win | -41.9%") in output
     # The schedule, a parameter since the pingpong kernels, shows with the point.
-    assert ("| logits_topk_fp8_cute | ROWS=4, STAGES=6, SCHEDULE=pingpong, SELECT_THREADS=1024 | "
-            "0.056 [0.054, 0.065]") in output
+    assert ("| logits_topk_fp8_cute (run of 2026-11-30 16:19) | ROWS=4, STAGES=6, SCHEDULE=pingpong, "
+            "SELECT_THREADS=1024 | 0.056 [0.054, 0.065]") in output
+    assert ("| logits_topk_fp8_cute (run of 2026-11-30 19:10) | ROWS=4, STAGES=6, SCHEDULE=roundrobin, "
+            "REDUCE=scatter, SELECT_THREADS=1024 | 0.025 [0.025, 0.026]") in output
 
 
 def test_the_h200_results_go_through_import_review_and_the_path_chart(tmp_path):
@@ -62,10 +64,13 @@ def test_the_h200_results_go_through_import_review_and_the_path_chart(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "h200" / "indexer_loop.py"), "--chart", str(chart)],
                           cwd=ROOT, capture_output=True, text=True, timeout=4 * RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("dsa_indexer_topk: kept logits_topk_cute {'ROWS': 2, 'STAGES': 3, 'SELECT_THREADS': 1024}, "
-            "geomean 7.91x, dispatch candidate at every measured context length (4K–256K)") in done.stdout
-    assert done.stdout.count("dsa_indexer_topk: reverted ") == 7
-    assert ("dsa_indexer_topk_fp8: kept logits_topk_fp8_cute {'ROWS': 4, 'STAGES': 6, 'SCHEDULE': 'pingpong', "
+    assert ("dsa_indexer_topk: kept logits_topk_cute {'ROWS': 4, 'STAGES': 3, 'SCHEDULE': 'pingpong', "
+            "'REDUCE': 'scatter', 'SELECT_THREADS': 1024}, geomean 11.73x, dispatch candidate at every "
+            "measured context length (4K–256K)") in done.stdout
+    assert done.stdout.count("dsa_indexer_topk: reverted ") == 8
+    assert ("dsa_indexer_topk_fp8: kept logits_topk_fp8_cute {'ROWS': 4, 'STAGES': 6, 'SCHEDULE': 'roundrobin', "
+            "'REDUCE': 'scatter', 'SELECT_THREADS': 1024}, geomean 21.44x") in done.stdout
+    assert ("dsa_indexer_topk_fp8: reverted logits_topk_fp8_cute {'ROWS': 4, 'STAGES': 6, 'SCHEDULE': 'pingpong', "
             "'SELECT_THREADS': 1024}, geomean 10.53x") in done.stdout
     assert "dsa_indexer_topk_fp8: reverted fused_logits_fp8_triton" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
