@@ -533,9 +533,14 @@ def _threshold_bin(
     if lane == _WARP - 1:
         warp_totals[warp] = running
     cute.arch.sync_threads()
-    above = running - owned
-    for w in cutlass.range(warp, unroll=1):
-        above += warp_totals[w]
+    # The warps before this one, summed across the lanes (a warp at most per lane):
+    # five shuffles, not a load per earlier warp in turn.
+    earlier = cutlass.Int32(0)
+    if lane < warp:
+        earlier = warp_totals[lane]
+    for offset in cutlass.range_constexpr(5):
+        earlier += cute.arch.shuffle_sync_bfly(earlier, 1 << offset)
+    above = running - owned + earlier
 
     if above < need and need <= above + owned:
         for i in cutlass.range_constexpr(per_thread):
@@ -589,20 +594,28 @@ def _candidates(
 
 @cute.jit
 def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass.Constexpr):
-    """Sort values[:size] ascending in shared memory; size is a power of two."""
+    """Sort values[:size] ascending in shared memory; size is a power of two.
+
+    Thread t compares pairs p = t, t + threads, ...; while the stride is at most a warp,
+    pair p's two elements lie in the 64 that pairs 32*(p//32) .. +31 cover, one warp's
+    own in every such step: between two of those steps the warp syncs alone (two thirds
+    of the 66 steps of a 2048-element sort), between any others the whole block."""
     tidx, _, _ = cute.arch.thread_idx()
-    for level in cutlass.range_constexpr(size.bit_length() - 1):
-        span = 2 << level
-        for step in cutlass.range_constexpr(level + 1):
-            stride = span >> (step + 1)
-            for p in cutlass.range(tidx, size // 2, threads, unroll=1):
-                i = 2 * stride * (p // stride) + p % stride
-                j = i + stride
-                low, high = values[i], values[j]
-                ascending = (i & span) == 0
-                if (low > high) == ascending:
-                    values[i] = high
-                    values[j] = low
+    steps = [(2 << level, (2 << level) >> (step + 1))
+             for level in range(size.bit_length() - 1) for step in range(level + 1)]
+    for n in cutlass.range_constexpr(len(steps)):
+        span, stride = steps[n]
+        for p in cutlass.range(tidx, size // 2, threads, unroll=1):
+            i = 2 * stride * (p // stride) + p % stride
+            j = i + stride
+            low, high = values[i], values[j]
+            ascending = (i & span) == 0
+            if (low > high) == ascending:
+                values[i] = high
+                values[j] = low
+        if cutlass.const_expr(n + 1 < len(steps) and stride <= _WARP and steps[n + 1][1] <= _WARP):
+            cute.arch.sync_warp()
+        else:
             cute.arch.sync_threads()
 
 
@@ -627,7 +640,8 @@ def _select_rows(
     # Digit 1 (key bits 31..21): the scores kernels' histograms, summed over splits.
     for b in cutlass.range(tidx, _BINS, threads, unroll=1):
         total = cutlass.Int32(0)
-        for s in cutlass.range(hist.shape[0], unroll=1):
+        # Unrolled, the splits' loads are in flight together, not one L2 trip each.
+        for s in cutlass.range(hist.shape[0], unroll=8):
             total += hist[s, row, b]
         sHist[b] = total
     if tidx < 2:
