@@ -75,7 +75,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
 from cutlass.tensor_utils import LayoutEnum
 
-# The point kept on the H200 (2026-11-30): 0.438 ms at 256K, 1.12x the floor
+# The point kept on the H200 (2026-11-30): 0.432 ms at 256K, 1.10x the floor
 # (docs/benchmarks/h200-dsa-indexer.md).
 PARAMS = {
     "ROWS": 4,

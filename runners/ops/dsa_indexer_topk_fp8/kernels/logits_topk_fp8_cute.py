@@ -68,7 +68,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
 from cutlass.tensor_utils import LayoutEnum
 
-# The point kept on the H200 (2026-11-30): 0.322 ms at 256K, 0.74x the bf16 kernel. The
+# The point kept on the H200 (2026-11-30): 0.319 ms at 256K, 0.74x the bf16 kernel. The
 # e4m3 MMA takes half the bf16 time and the reduction the same, so the reduction still
 # sets the pace: three warpgroups take turns to hide more of it (ROWS=4 compiles as 2,
 # see mma_rows; docs/benchmarks/h200-dsa-indexer.md).
