@@ -64,17 +64,17 @@ def test_the_h200_results_go_through_import_review_and_the_path_chart(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "h200" / "indexer_loop.py"), "--chart", str(chart)],
                           cwd=ROOT, capture_output=True, text=True, timeout=4 * RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("dsa_indexer_topk: kept logits_topk_cute {'ROWS': 4, 'STAGES': 3, 'SCHEDULE': 'pingpong', "
-            "'REDUCE': 'scatter', 'SELECT_THREADS': 1024}, geomean 12.38x, dispatch candidate at every "
+    assert ("dsa_indexer_topk: kept logits_topk_cute {'REDUCE': 'scatter', 'ROWS': 4, 'SCHEDULE': 'pingpong', "
+            "'SELECT_THREADS': 1024, 'STAGES': 3}, geomean 12.38x, dispatch candidate at every "
             "measured context length (4K–256K)") in done.stdout
     # The same point swept again after the select changed: one review keeps the newer.
-    assert ("dsa_indexer_topk: reverted logits_topk_cute {'ROWS': 4, 'STAGES': 3, 'SCHEDULE': 'pingpong', "
-            "'REDUCE': 'scatter', 'SELECT_THREADS': 1024}, geomean 11.73x") in done.stdout
+    assert ("dsa_indexer_topk: reverted logits_topk_cute {'REDUCE': 'scatter', 'ROWS': 4, 'SCHEDULE': 'pingpong', "
+            "'SELECT_THREADS': 1024, 'STAGES': 3}, geomean 11.73x") in done.stdout
     assert done.stdout.count("dsa_indexer_topk: reverted ") == 9
-    assert ("dsa_indexer_topk_fp8: kept logits_topk_fp8_cute {'ROWS': 4, 'STAGES': 6, 'SCHEDULE': 'roundrobin', "
-            "'REDUCE': 'scatter', 'SELECT_THREADS': 1024}, geomean 22.37x") in done.stdout
-    assert ("dsa_indexer_topk_fp8: reverted logits_topk_fp8_cute {'ROWS': 4, 'STAGES': 6, 'SCHEDULE': 'pingpong', "
-            "'SELECT_THREADS': 1024}, geomean 10.53x") in done.stdout
+    assert ("dsa_indexer_topk_fp8: kept logits_topk_fp8_cute {'REDUCE': 'scatter', 'ROWS': 4, "
+            "'SCHEDULE': 'roundrobin', 'SELECT_THREADS': 1024, 'STAGES': 6}, geomean 22.37x") in done.stdout
+    assert ("dsa_indexer_topk_fp8: reverted logits_topk_fp8_cute {'ROWS': 4, 'SCHEDULE': 'pingpong', "
+            "'SELECT_THREADS': 1024, 'STAGES': 6}, geomean 10.53x") in done.stdout
     assert "dsa_indexer_topk_fp8: reverted fused_logits_fp8_triton" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
 

@@ -119,7 +119,8 @@ def main() -> None:
             wins = list(Candidate.objects.filter(sweep__in=sweeps, sweep__thesis__op=op, verdict="win")
                         .select_related("sweep").order_by("-geomean_speedup"))
             for rank, candidate in enumerate(wins):
-                label = f"{candidate.sweep.kernel} {candidate.params}"
+                # Sorted: PostgreSQL's jsonb keeps keys in its own order, SQLite in the file's.
+                label = f"{candidate.sweep.kernel} {dict(sorted(candidate.params.items()))}"
                 if rank == 0:
                     dispatch = candidate.result.get("dispatch") or {}
                     reviews.candidate_keep(
