@@ -32,7 +32,9 @@ PLANTED = {
     "rmsnorm_partial_write.py": ("correctness", ["of 65,536"]),
     "rmsnorm_nan.py": ("correctness", ["1 of 65,536 output values are NaN or inf"]),
     "rmsnorm_wrong_dtype.py": ("correctness", ["output dtype is torch.float32, expected torch.bfloat16"]),
-    "rmsnorm_mutates_input.py": ("inputs-unchanged", ["65,536 of 65,536 elements of x differ"]),
+    # Not "65,536 of 65,536": torch.randn gives an exact 0.0 about once in 2**24 draws,
+    # and zeroing leaves that element as it was.
+    "rmsnorm_mutates_input.py": ("inputs-unchanged", ["of 65,536 elements of x differ"]),
     "rmsnorm_raises.py": ("correctness", ["forward raised RuntimeError: CUDA error: an illegal memory access"]),
     "rmsnorm_exit_in_forward.py": ("correctness", ["forward raised SystemExit"]),
     "rmsnorm_os_exit.py": ("process", ["exited with status 0", "running forward on t=64"]),
