@@ -13,9 +13,10 @@ round replays every entry once, in an order rotated from round to round, L2 flus
 (twice its size) before each replay, timed by CUDA events. All entries thus share the
 machine's state at every moment of the run. Reported: the median and the 10th-90th
 percentile range per entry and context, each entry's multiple of the compute floor
-(ours, from skills/hardware/peaks.toml, and at the thesis's measured 709 TFLOP/s), and
-the targets, met or not, against the floor the issue sets (its measured 709 TFLOP/s). No isolation and no guards: the harness's own sweeps
-(`python -m runners.harness sweep`) are the results; this is the side-by-side view.
+(ours, from skills/hardware/peaks.toml, and the issue's: the op's FLOPs at the 709
+TFLOP/s it measured), and the targets, met or not, against the issue's floor. No
+isolation and no guards: the harness's own sweeps (`python -m runners.harness sweep`)
+are the results; this is the side-by-side view.
 
 Needs torch, triton and CuTe DSL (on PYTHONPATH) on a GPU.
 """

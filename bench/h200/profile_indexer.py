@@ -11,8 +11,8 @@ once after two warm calls:
         --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \\
         --section LaunchStats python3 bench/h200/profile_indexer.py --ops dsa_indexer_topk
 
-The kernels are the CuTe indexers at the points kept (bf16) or swept (fp8) on the H200
-unless --points says otherwise; inputs are the op's own (normal distribution, M=64, H=64, D=128, top-2048).
+The kernels are the CuTe indexers at the points kept on the H200 unless --points says
+otherwise; inputs are the op's own (normal distribution, M=64, H=64, D=128, top-2048).
 Needs torch and CuTe DSL (on PYTHONPATH) on a GPU.
 """
 
