@@ -3,6 +3,7 @@ a figure dict out, embedded in pages as JSON (see research/charts.py)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -162,6 +163,8 @@ def _dispatch_positions(rows: Sequence[WorkloadRow], categories: list[str],
 
 # -- the keep/revert path ------------------------------------------------------------
 
+# One line style per op's running best, all in the win colour: the team chart has several.
+_OP_DASHES = ("solid", "dash", "dot", "dashdot")
 _STATES = {
     # state: (legend, colour, symbol, size)
     "rejected": ("rejected", GREY, "x", 7),
@@ -201,7 +204,7 @@ def path_figure(points: Sequence[dict]) -> Figure:
 
     ops = list(dict.fromkeys(p["op"] for p in points))
     last_x = max((p["x"] for p in points), default=0)
-    for op in ops:
+    for op, dash in zip(ops, itertools.cycle(_OP_DASHES)):
         kept = [p for p in points if p["op"] == op and p["state"] == "kept" and p["y"] is not None]
         first_x = min(p["x"] for p in points if p["op"] == op)
         xs, ys, best = [first_x], [1.0], 1.0
@@ -213,7 +216,7 @@ def path_figure(points: Sequence[dict]) -> Figure:
         ys.append(best)
         traces.append({
             "type": "scatter", "mode": "lines", "name": "running best" if len(ops) == 1 else f"running best ({op})",
-            "x": xs, "y": ys, "line": {"shape": "hv", "color": WIN_COLOUR, "width": 2},
+            "x": xs, "y": ys, "line": {"shape": "hv", "color": WIN_COLOUR, "width": 2, "dash": dash},
             "hoverinfo": "skip",
         })
 
@@ -221,7 +224,9 @@ def path_figure(points: Sequence[dict]) -> Figure:
     if kept:
         traces.append(marker_trace(
             kept, "kept", mode="markers+text",
-            text=[_label(p) for p in kept], textposition="top center",
+            text=[_label(p) for p in kept],
+            # Toward the middle, so a label near either end stays inside the plot.
+            textposition=["top left" if 2 * p["x"] > last_x + 1 else "top right" for p in kept],
             textfont={"color": WIN_COLOUR, "size": 11},
             marker={"color": WIN_COLOUR, "symbol": "star", "size": 15, "line": {"color": "#fff", "width": 1}},
         ))

@@ -53,6 +53,14 @@ def test_the_team_chart_has_a_running_best_per_op():
     figure = path_figure([_point(1, 1.2, "kept"), _point(2, 1.5, "kept", op="dsa_indexer_topk")])
     names = [t["name"] for t in figure["data"]]
     assert "running best (rmsnorm)" in names and "running best (dsa_indexer_topk)" in names
+    # Told apart by their dash, both in the win colour.
+    dashes = {_trace(figure, f"running best ({op})")["line"]["dash"] for op in ("rmsnorm", "dsa_indexer_topk")}
+    assert dashes == {"solid", "dash"}
+
+
+def test_kept_labels_lean_toward_the_middle_of_the_path():
+    figure = path_figure([_point(1, 1.2, "kept"), _point(2, 1.1, "reverted"), _point(3, 1.5, "kept")])
+    assert _trace(figure, "kept")["textposition"] == ["top right", "top left"]
 
 
 def test_an_empty_path_has_no_traces():
