@@ -38,12 +38,13 @@ No torch op computes anything: forward only allocates.
 - STAGES: 128-token key tiles in flight (16 KB each at D=128).
 - SCHEDULE: "cooperative", "pingpong" or "roundrobin", above. The e4m3 MMA takes half
   the bf16 one's time while the reduction takes the same: three warpgroups in turn
-  are what could hide it.
+  hide the most of it (0.322 ms at 256K on the H200, pingpong 0.336).
 - REDUCE: how a quad of lanes adds up its partial sums. "shuffle": two butterfly
   shuffles per sum, then each lane stores one sum under a divergent branch (measured
   on the H200). "scatter": two accumulators per sum, a reduce-scatter (three shuffles
   for four sums) that leaves each lane its own sums to store, no divergence; written
-  after ncu found the reduction latency-bound, compiled for sm_90a, not yet timed.
+  after ncu found the reduction latency-bound: 21-43% faster on the H200, on every
+  schedule.
 - SELECT_THREADS: threads of each row's select CTA (1024 beat 512 in the bf16 kernel
   at every context on the H200).
 
