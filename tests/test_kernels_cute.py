@@ -288,9 +288,16 @@ def _assert_schedule(scores: dict, label: str) -> None:
     assert scores["threads"] == [threads[schedule]]
     assert (scores["named_arrives"] > 0) == (schedule != "cooperative")
     # Each lane counts the sums it stores: all 2*ROWS of the quad's under divergent
-    # branches ("shuffle"), or the ROWS/2 the reduce-scatter left it ("scatter").
+    # branches ("shuffle"), or the ROWS/2 the reduce-scatter or the head-sum MMA left
+    # it ("scatter", "mma").
     rows = _compiled_rows(label)
-    assert scores["smem_atomics"] == (rows // 2 if "REDUCE=scatter" in label else 2 * rows)
+    assert scores["smem_atomics"] == (2 * rows if "REDUCE=shuffle" in label else rows // 2)
+
+
+def _wgmma(label: str, scores_mma: str) -> list[str]:
+    """The scores' wgmma, and with REDUCE="mma" the head sum's: N=8, bfloat16 A from
+    registers (the ReLU'd scores) and B (the weights), whatever the scores' dtype."""
+    return sorted([scores_mma] + (["m64n8k16.bf16.bf16"] if "REDUCE=mma" in label else []))
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +314,7 @@ def test_every_indexer_space_point_compiles_to_wgmma_fed_by_tma(indexer_child, l
         assert scores["targets"] == select["targets"] == ["sm_90a"]
     # bfloat16 in, float32 accumulated; the MMA's N is ROWS query rows of 64 heads.
     rows = _compiled_rows(label)
-    assert scores["wgmma"] == [f"m64n{64 * rows}k16.bf16.bf16"]
+    assert scores["wgmma"] == _wgmma(label, f"m64n{64 * rows}k16.bf16.bf16")
     assert scores["tma_loads"] > 0
     _assert_schedule(scores, label)
     # The select's first digit, counted in shared memory as the scores are made.
@@ -371,7 +378,7 @@ def test_every_fp8_indexer_space_point_compiles_to_e4m3_wgmma_fed_by_tma(fp8_chi
         assert scores["targets"] == ["sm_90a"]
     # e4m3 in, float32 accumulated, 32 of D per instruction; N is ROWS query rows of 64 heads.
     rows = _compiled_rows(label)
-    assert scores["wgmma"] == [f"m64n{64 * rows}k32.e4m3.e4m3"]
+    assert scores["wgmma"] == _wgmma(label, f"m64n{64 * rows}k32.e4m3.e4m3")
     assert scores["tma_loads"] > 0 and scores["smem_atomics"] > 0
     _assert_schedule(scores, label)
     if ON_GPU:

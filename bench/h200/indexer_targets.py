@@ -2,12 +2,13 @@
 
     python3 bench/h200/indexer_targets.py [--ctx 4096,8192,32768,65536,131072,262144]
         [--rounds 30] [--bf16 '{"ROWS": 2, ...}'] [--fp8 '{"ROWS": 4, ...}']
-        [--candidates '[{"ROWS": 2, ..., "REDUCE": "scatter"}]'] [--out targets.jsonl]
+        [--candidates '[{"ROWS": 2, ..., "REDUCE": "scatter"}]'] [--fp8-candidates '[...]']
+        [--out targets.jsonl]
 
 The issue's targets ask for one run on one H200: torch eager (the op's baseline:
 einsum, relu, einsum, topk), fused logits + torch.topk (`fused_logits_triton` at the
 point the harness measured), the kept bf16 CuTe kernel, any further bf16 points given
-with --candidates, and the fp8 CuTe kernel. Per context every entry is checked against
+with --candidates, the fp8 CuTe kernel and any further fp8 points (--fp8-candidates). Per context every entry is checked against
 the op's reference, captured in a CUDA graph, then timed in `--rounds` rounds; each
 round replays every entry once, in an order rotated from round to round, L2 flushed
 (twice its size) before each replay, timed by CUDA events. All entries thus share the
@@ -47,14 +48,20 @@ FP8_KEPT = {"ROWS": 4, "STAGES": 6, "SCHEDULE": "roundrobin", "REDUCE": "scatter
 TORCH_EAGER, FUSED, BF16, FP8 = "torch eager", "fused logits + torch.topk", "bf16 kept", "fp8"
 
 
-def entries(bf16: dict, fp8: dict, candidates: list[dict]) -> list[tuple[str, str, str, dict | None]]:
+def entries(
+    bf16: dict, fp8: dict, candidates: list[dict], fp8_candidates: list[dict] = (),
+) -> list[tuple[str, str, str, dict | None]]:
     """(label, op, kernel file name or 'baseline', point) of everything timed."""
+    def named(prefix: str, point: dict) -> str:
+        return f"{prefix} {','.join(f'{k}={v}' for k, v in point.items())}"
+
     found = [(TORCH_EAGER, "dsa_indexer_topk", "baseline", None),
              (FUSED, "dsa_indexer_topk", "fused_logits_triton", FUSED_POINT),
              (BF16, "dsa_indexer_topk", "logits_topk_cute", bf16)]
-    found += [(f"bf16 {','.join(f'{k}={v}' for k, v in point.items())}", "dsa_indexer_topk", "logits_topk_cute", point)
-              for point in candidates]
+    found += [(named("bf16", point), "dsa_indexer_topk", "logits_topk_cute", point) for point in candidates]
     found.append((FP8, "dsa_indexer_topk_fp8", "logits_topk_fp8_cute", fp8))
+    found += [(named("fp8", point), "dsa_indexer_topk_fp8", "logits_topk_fp8_cute", point)
+              for point in fp8_candidates]
     return found
 
 
@@ -116,12 +123,13 @@ def main() -> None:
     parser.add_argument("--bf16", type=json.loads, default=BF16_KEPT, help="the bf16 CuTe point")
     parser.add_argument("--fp8", type=json.loads, default=FP8_KEPT, help="the fp8 CuTe point")
     parser.add_argument("--candidates", type=json.loads, default=[], help="more bf16 CuTe points")
+    parser.add_argument("--fp8-candidates", type=json.loads, default=[], help="more fp8 CuTe points")
     parser.add_argument("--out", type=Path, default=Path("targets.jsonl"))
     args = parser.parse_args()
     hardware = hardware_key("cuda")
     flush = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.float32, device="cuda")
     scratch = Path(tempfile.mkdtemp(prefix="indexer-targets-"))
-    timed = entries(args.bf16, args.fp8, args.candidates)
+    timed = entries(args.bf16, args.fp8, args.candidates, args.fp8_candidates)
     forwards = {}
     for index, (label, op_name, kernel, point) in enumerate(timed):
         op = get_op(op_name)

@@ -67,6 +67,8 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 # The point kept on the H200 (2026-11-30): 0.319 ms at 256K, 0.74x the bf16 kernel. The
@@ -85,7 +87,7 @@ SPACE = {
     "ROWS": [2, 4],
     "STAGES": [6],
     "SCHEDULE": ["cooperative", "pingpong", "roundrobin"],
-    "REDUCE": ["shuffle", "scatter"],
+    "REDUCE": ["shuffle", "scatter", "mma"],
     "SELECT_THREADS": [1024],
 }
 
@@ -111,7 +113,11 @@ _DEFAULT_SMS = 132
 _FP8 = torch.float8_e4m3fn
 # How many MMA warpgroups take turns on the tensor cores ("cooperative": two as one).
 _SCHEDULES = {"cooperative": 1, "pingpong": 2, "roundrobin": 3}
-_REDUCTIONS = ("shuffle", "scatter")
+_REDUCTIONS = ("shuffle", "scatter", "mma")
+# REDUCE="mma": the head-weighted sum is a second wgmma, m64n8k16 with the ReLU'd scores
+# as its A (bfloat16, in registers) and the weights as its B; column n of B holds query
+# row n % ROWS's weights, so every lane of a quad ends with whole sums.
+_HEAD_SUM_N = 8
 # Registers per thread once the loading warpgroup gives its own up: 40 for it, and for
 # each MMA warpgroup as many as fill the SM's 64K (multiples of 8): 232 when two take
 # turns, 152 when three do (their accumulators then hold at most 128 columns).
@@ -193,17 +199,18 @@ def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, loads):
 @cute.jit
 def _lane_scales(
     tCcC: cute.Tensor, k_scale: cute.Tensor, tile_start: cutlass.Int32, context: cutlass.Int32,
-    rows: int, quad: cutlass.Int32,
+    rows: int, quad: cutlass.Int32, reduce: str,
 ) -> tuple[list, list]:
-    """The tokens whose sums this lane stores under REDUCE="scatter", and their key
-    scales. Lane q stores sum e = 4j + q for each j: its row half is bit 1 of e when
-    ROWS=2, j when 4 (the accumulator's halves are tokens 8 apart). Loaded before the
-    wait on the tile's MMA, the scales arrive while it runs (ncu: loaded after it, the
-    multiply waiting on them was 12% of a consumer's time)."""
+    """The tokens whose sums this lane stores under REDUCE="scatter" or "mma", and their
+    key scales. "scatter": lane q stores sum e = 4j + q for each j, its row half bit 1
+    of e when ROWS=2, j when 4 (the accumulator's halves are tokens 8 apart). "mma":
+    lane q stores row half q // 2. Loaded before the wait on the tile's MMA, the scales
+    arrive while it runs (ncu: loaded after it, the multiply waiting on them was 12% of
+    a consumer's time)."""
     bit1 = (quad & 2) == 2
     tokens, scales = [], []
-    for j in cutlass.range_constexpr(2 * rows // 4):
-        if cutlass.const_expr(rows == 2):
+    for j in cutlass.range_constexpr(1 if reduce == "mma" else 2 * rows // 4):
+        if cutlass.const_expr(rows == 2 or reduce == "mma"):
             first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
             token = tile_start + cutlass.Int32(cutlass.select_(bit1, second, first))
         else:
@@ -213,12 +220,84 @@ def _lane_scales(
     return tokens, scales
 
 
+@dsl_user_op
+def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
+    """relu(low) and relu(high) rounded to bfloat16, packed low first: one cvt."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(),
+        [cutlass.Float32(low).ir_value(loc=loc, ip=ip), cutlass.Float32(high).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.relu.bf16x2.f32 $0, $2, $1;",
+        "=r,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def _as_operand_a(acc: cute.Tensor, cols: int) -> cute.Layout:
+    """The accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
+    A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
+    16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
+    FlashAttention-3 makes of P)."""
+    return cute.make_layout(((2, 2, 2), 1, cols // 16), stride=((1, 2, 4), 0, 8))
+
+
+@cute.jit
+def _head_sums(
+    head_mma: cute.TiledMma, head_acc: cute.Tensor, acc: cute.Tensor, relu: cute.Tensor,
+    tCrW: cute.Tensor, cols: cutlass.Constexpr,
+):
+    """head_acc = relu(acc) @ W on the tensor cores: one cvt per two scores, then
+    cols/16 wgmma of m64n8k16. The caller waits for them."""
+    packed = cute.recast_tensor(relu, cutlass.Int32)
+    for i in cutlass.range_constexpr(cute.size(packed)):
+        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
+    operand = cute.make_tensor(relu.iterator, _as_operand_a(acc, cols))
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(cols // 16):
+        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
+    warpgroup.commit_group()
+    return head_mma
+
+
+@cute.jit
+def _store_head_sums(
+    head_acc: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, quad: cutlass.Int32, tokens: list, scales: list,
+):
+    """Store the head-sum MMA's results. Lane q holds columns 2q and 2q+1 (query rows
+    (2q) % ROWS and (2q+1) % ROWS) of tokens t and t+8; it stores row half q // 2, and
+    of it: both columns when ROWS=4, column q % 2 when ROWS=2, column 0 on even lanes
+    when ROWS=1. Each sum is stored once."""
+    bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
+    values = []
+    for i in cutlass.range_constexpr(2):
+        # Value (i, half) of the compact accumulator, flat index i + 2 * half.
+        values.append(cutlass.Float32(cutlass.select_(bit1, head_acc[i + 2], head_acc[i])))
+    token = tokens[0]
+    in_context = token < scores.shape[1]
+    if cutlass.const_expr(rows == 4):
+        for i in cutlass.range_constexpr(2):
+            r = 2 * (quad & 1) + i
+            if in_context and row0 + r < scores.shape[0]:
+                _record(scores, hist, row0 + r, token, r, scales[0] * values[i])
+    elif cutlass.const_expr(rows == 2):
+        r = quad & 1
+        if in_context and row0 + r < scores.shape[0]:
+            _record(scores, hist, row0 + r, token, r,
+                    scales[0] * cutlass.Float32(cutlass.select_(bit0, values[1], values[0])))
+    else:
+        if in_context and (quad & 1) == 0:
+            _record(scores, hist, row0, token, 0, scales[0] * values[0])
+
+
 @cute.jit
 def _reduce_tile(
     acc: cute.Tensor, tCcC: cute.Tensor, weight: cute.Tensor, k_scale: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32,
     rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32,
-    scatter: cutlass.Constexpr, tokens: list, scales: list,
+    reduce: cutlass.Constexpr, tokens: list, scales: list,
 ):
     """k_scale[n] * sum_h w[m, h] * relu(logit) for the tile's tokens: this thread's heads
     of each (row half, query row), then across the quad's four lanes; each score is
@@ -227,6 +306,7 @@ def _reduce_tile(
     sum and a reduce-scatter, each lane storing its own sums, `tokens` and `scales`
     from _lane_scales)."""
     bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
+    scatter = reduce == "scatter"
     partials = []
     for half in cutlass.range_constexpr(2):
         for r in cutlass.range_constexpr(rows):
@@ -269,6 +349,25 @@ def _reduce_tile(
                 _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
 
 
+@cute.jit
+def _finish_tile(
+    acc: cute.Tensor, tCcC: cute.Tensor, weight, head_mma: cute.TiledMma, head_acc, relu, tCrW,
+    k_scale: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32,
+    row0: cutlass.Int32, rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32,
+    reduce: cutlass.Constexpr, tokens: list, scales: list,
+):
+    """A tile's scores from its finished accumulator, by REDUCE: on the tensor cores
+    ("mma") or on the CUDA cores. Returns the head-sum MMA, for the caller to rebind."""
+    if cutlass.const_expr(reduce == "mma"):
+        head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, rows * heads)
+        warpgroup.wait_group(0)
+        _store_head_sums(head_acc, scores, hist, row0, rows, quad, tokens, scales)
+    else:
+        _reduce_tile(acc, tCcC, weight, k_scale, scores, hist, tile_start, row0, rows, heads, quad,
+                     reduce, tokens, scales)
+    return head_mma
+
+
 def _tile_tokens(turns: int) -> int:
     """Tokens per key tile: both warpgroups' M together, or one's when they take turns."""
     return _TOKENS // 2 if turns > 1 else _TOKENS
@@ -282,10 +381,10 @@ def mma_rows(rows: int, heads: int, schedule: str) -> int:
     return min(rows, max(1, columns // heads))
 
 
-def _scatters(reduce: str, rows: int) -> bool:
-    """The reduce-scatter hands each lane of a quad whole sums: it needs an even ROWS
-    (ROWS=1, for heads over 128, keeps the shuffles)."""
-    return reduce == "scatter" and rows % 2 == 0
+def reduce_as_compiled(reduce: str, rows: int) -> str:
+    """REDUCE as compiled: the reduce-scatter hands each lane of a quad whole sums, so it
+    needs an even ROWS (ROWS=1, for heads over 128, keeps the shuffles)."""
+    return "shuffle" if reduce == "scatter" and rows % 2 else reduce
 
 
 def _score_threads(turns: int) -> int:
@@ -297,11 +396,12 @@ def _score_threads(turns: int) -> int:
 
 @cute.jit
 def _consume(
-    tiled_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor, sW: cute.Tensor, q_barrier,
-    keys, producer, tma_k, tKgK, tKsK, k_scale: cute.Tensor, scores: cute.Tensor, sHist: cute.Tensor,
-    first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32,
-    rows: cutlass.Constexpr, heads: cutlass.Constexpr, stages: cutlass.Constexpr,
-    turns: cutlass.Constexpr, scatter: cutlass.Constexpr,
+    tiled_mma: cute.TiledMma, head_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor,
+    sW: cute.Tensor, sHeadW: cute.Tensor, q_barrier, keys, producer, tma_k, tKgK, tKsK,
+    k_scale: cute.Tensor, scores: cute.Tensor, sHist: cute.Tensor, first_tile: cutlass.Int32,
+    tile_count: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Constexpr,
+    heads: cutlass.Constexpr, stages: cutlass.Constexpr, turns: cutlass.Constexpr,
+    reduce: cutlass.Constexpr,
 ):
     """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores. Cooperative,
     warp 0 also refills the stages freed."""
@@ -322,11 +422,20 @@ def _consume(
     acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
     assert cute.size(acc) == 4 * (cols // 8)
     quad = lane % 4
-    # The weights of this thread's columns, read from shared memory once.
-    weight = cute.make_rmem_tensor((2, cols // 8), cutlass.Float32)
-    for b in cutlass.range_constexpr(cols // 8):
-        for i in cutlass.range_constexpr(2):
-            weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
+    weight, tCrW, head_acc, relu = None, None, None, None
+    if cutlass.const_expr(reduce == "mma"):
+        thr_head = head_mma.get_slice(tidx % 128 if turns > 1 else tidx)
+        tCrW = head_mma.make_fragment_B(thr_head.partition_B(sHeadW))
+        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((tokens, _HEAD_SUM_N)), cutlass.Float32)
+        assert cute.size(head_acc) == 4
+        # The ReLU'd scores in bfloat16, the head-sum MMA's A.
+        relu = cute.make_rmem_tensor(acc.layout, cutlass.BFloat16)
+    else:
+        # The weights of this thread's columns, read from shared memory once.
+        weight = cute.make_rmem_tensor((2, cols // 8), cutlass.Float32)
+        for b in cutlass.range_constexpr(cols // 8):
+            for i in cutlass.range_constexpr(2):
+                weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
@@ -346,14 +455,15 @@ def _consume(
             if t + 1 < tile_count:
                 cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
             tile_start = (first_tile + t) * tokens
-            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad) \
-                if scatter else ([], [])
+            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
+                                                    reduce) if reduce != "shuffle" else ([], [])
             warpgroup.wait_group(0)
             keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows,
-                         heads, quad, scatter, lane_tokens, lane_scales)
+            head_mma = _finish_tile(acc, tCcC, weight, head_mma, head_acc, relu, tCrW, k_scale, scores,
+                                    sHist, tile_start, row0, rows, heads, quad, reduce, lane_tokens,
+                                    lane_scales)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         for t in cutlass.range(tile_count, unroll=1):
@@ -361,23 +471,25 @@ def _consume(
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
             read.advance()
             tile_start = (first_tile + t) * tokens
-            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad) \
-                if scatter else ([], [])
+            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
+                                                    reduce) if reduce != "shuffle" else ([], [])
             warpgroup.wait_group(0)
             keys.consumer_release(release)
             release.advance()
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-            _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows,
-                         heads, quad, scatter, lane_tokens, lane_scales)
+            head_mma = _finish_tile(acc, tCcC, weight, head_mma, head_acc, relu, tCrW, k_scale, scores,
+                                    sHist, tile_start, row0, rows, heads, quad, reduce, lane_tokens,
+                                    lane_scales)
 
 
 @cute.kernel
 def _score_tiles(
     tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
     k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
-    tiled_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
-    dtype: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr, scatter: cutlass.Constexpr,
+    tiled_mma: cute.TiledMma, head_mma: cute.TiledMma, k_layout: cute.ComposedLayout,
+    q_layout: cute.ComposedLayout, w_layout: cute.ComposedLayout, dtype: cutlass.Constexpr,
+    rows: cutlass.Constexpr, stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+    turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     group, split, _ = cute.arch.block_idx()
@@ -406,6 +518,9 @@ def _score_tiles(
     sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
     sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
     sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+    sHeadW = None
+    if cutlass.const_expr(reduce == "mma"):
+        sHeadW = smem.allocate_tensor(cutlass.BFloat16, w_layout.outer, 1024, w_layout.inner)
 
     # Key tiles: one TMA producer thread; every warp of the warpgroups that read a
     # stage releases it.
@@ -428,6 +543,17 @@ def _score_tiles(
         if row0 + i // heads < weights.shape[0]:
             weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
         sW[i] = weight
+    if cutlass.const_expr(reduce == "mma"):
+        # The head-sum MMA's B, [8, ROWS*H]: column n holds row n % ROWS's weights
+        # under that row's heads and zeros elsewhere.
+        for i in cutlass.range(tidx, _HEAD_SUM_N * cols, threads, unroll=1):
+            n, c = i // cols, i % cols
+            weight = cutlass.Float32(0.0)
+            if c // heads == n % rows and row0 + c // heads < weights.shape[0]:
+                weight = weights[row0 + c // heads, c % heads].to(cutlass.Float32)
+            sHeadW[n, c, 0] = weight.to(cutlass.BFloat16)
+        # Written by threads, read by wgmma: the async proxy must see the stores.
+        cute.arch.fence_proxy("async.shared", space="cta")
     for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
         sHist[i] = 0
     cute.arch.sync_threads()
@@ -460,13 +586,13 @@ def _score_tiles(
                     producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, True)
         else:
             cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
-            _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                     first_tile, tile_count, row0, rows, heads, stages, turns, scatter)
+            _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, producer, tma_k, tKgK, tKsK,
+                     k_scale, scores, sHist, first_tile, tile_count, row0, rows, heads, stages, turns, reduce)
     else:
         for _ in cutlass.range_constexpr(stages):
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-        _consume(tiled_mma, sK, sQ, sW, q_barrier, keys, producer, tma_k, tKgK, tKsK, k_scale, scores, sHist,
-                 first_tile, tile_count, row0, rows, heads, stages, turns, scatter)
+        _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, producer, tma_k, tKgK, tKsK,
+                 k_scale, scores, sHist, first_tile, tile_count, row0, rows, heads, stages, turns, reduce)
 
     cute.arch.sync_threads()
     _write_hist(sHist, hist, split, row0, rows, threads)
@@ -477,7 +603,7 @@ def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, k_scale: cute.Tensor, weights: cute.Tensor,
     scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr,
     stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr,
-    scatter: cutlass.Constexpr,
+    reduce: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
@@ -498,10 +624,20 @@ def _launch_scores_mma(
     tma_q, q_tiles = cpasync.make_tiled_tma_atom(
         load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
     )
+    # REDUCE="mma": the ReLU'd scores, bfloat16 in registers, are the A of an N=8 wgmma
+    # whose K is the accumulator's columns; its B, the weights, K-major in shared memory.
+    head_mma = sm90_utils.make_trivial_tiled_mma(
+        cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, OperandMajorMode.K,
+        cutlass.Float32, (1 if turns > 1 else 2, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
+        a_source=warpgroup.OperandSource.RMEM,
+    )
+    w_layout = sm90_utils.make_smem_layout_b(
+        LayoutEnum.ROW_MAJOR, (tokens, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
+    )
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
-        tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, k_layout,
-        q_layout, k.element_type, rows, stages, tiles_per_cta, turns, scatter,
+        tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, head_mma,
+        k_layout, q_layout, w_layout, k.element_type, rows, stages, tiles_per_cta, turns, reduce,
     ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
 
 
@@ -874,7 +1010,8 @@ def compiled_scores_mma(
         _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (context, dim)),
         _fake(cutlass.Float32, (context,)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
         _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
-        cuda.CUstream(0), rows, stages * halves, per_cta * halves, turns, _scatters(reduce, rows),
+        cuda.CUstream(0), rows, stages * halves, per_cta * halves, turns,
+        reduce_as_compiled(reduce, rows),
     )
 
 
