@@ -244,11 +244,20 @@ def _head_sums(
 
 
 @cute.jit
+def _lane_token(tCcC: cute.Tensor, tile_start: cutlass.Int32, quad: cutlass.Int32) -> cutlass.Int32:
+    """The token whose head sums lane q stores under REDUCE="mma": row half q // 2 (the
+    accumulator's halves are tokens 8 apart)."""
+    first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
+    return tile_start + cutlass.Int32(cutlass.select_((quad & 2) == 2, second, first))
+
+
+@cute.jit
 def _store_head_sums(
-    head_acc: cute.Tensor, tCcC: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
-    tile_start: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Constexpr, quad: cutlass.Int32,
+    head_acc: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, quad: cutlass.Int32, token: cutlass.Int32,
 ):
-    """Store the head-sum MMA's results. Lane q holds columns 2q and 2q+1 (query rows
+    """Store the head-sum MMA's results, the sums of this lane's `token` (one past the
+    context stores nothing). Lane q holds columns 2q and 2q+1 (query rows
     (2q) % ROWS and (2q+1) % ROWS) of tokens t and t+8; it stores row half q // 2, and
     of it: both columns when ROWS=4, column q % 2 when ROWS=2, column 0 on even lanes
     when ROWS=1. Each sum is stored once."""
@@ -257,8 +266,6 @@ def _store_head_sums(
     for i in cutlass.range_constexpr(2):
         # Value (i, half) of the compact accumulator, flat index i + 2 * half.
         values.append(cutlass.Float32(cutlass.select_(bit1, head_acc[i + 2], head_acc[i])))
-    first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
-    token = tile_start + cutlass.Int32(cutlass.select_(bit1, second, first))
     in_context = token < scores.shape[1]
     if cutlass.const_expr(rows == 4):
         for i in cutlass.range_constexpr(2):
@@ -339,23 +346,6 @@ def _reduce_tile(
                 _record(scores, hist, row0 + r, token, r, partials[e])
 
 
-@cute.jit
-def _finish_tile(
-    acc: cute.Tensor, tCcC: cute.Tensor, weight, head_mma: cute.TiledMma, head_acc, relu, tCrW,
-    scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32,
-    rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32, reduce: cutlass.Constexpr,
-):
-    """A tile's scores from its finished accumulator, by REDUCE: on the tensor cores
-    ("mma") or on the CUDA cores. Returns the head-sum MMA, for the caller to rebind."""
-    if cutlass.const_expr(reduce == "mma"):
-        head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, rows * heads)
-        warpgroup.wait_group(0)
-        _store_head_sums(head_acc, tCcC, scores, hist, tile_start, row0, rows, quad)
-    else:
-        _reduce_tile(acc, tCcC, weight, scores, hist, tile_start, row0, rows, heads, quad, reduce)
-    return head_mma
-
-
 def _tile_tokens(turns: int) -> int:
     """Tokens per key tile: both warpgroups' M together, or one's when they take turns."""
     return _TOKENS // 2 if turns > 1 else _TOKENS
@@ -424,6 +414,9 @@ def _consume(
             for i in cutlass.range_constexpr(2):
                 weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
+    # REDUCE="mma" stores a tile's sums while the next tile's MMA runs: none before the
+    # first (a token past the context stores nothing).
+    last_token = cutlass.Int32(scores.shape[1])
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
     if cutlass.const_expr(turns > 1):
@@ -441,24 +434,43 @@ def _consume(
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
             if t + 1 < tile_count:
                 cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+            tile_start = (first_tile + t) * tokens
+            if cutlass.const_expr(reduce == "mma"):
+                # The last tile's head sums, issued before this tile's MMA, are done when
+                # one group is left.
+                warpgroup.wait_group(1)
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token)
             warpgroup.wait_group(0)
             keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            head_mma = _finish_tile(acc, tCcC, weight, head_mma, head_acc, relu, tCrW, scores, sHist,
-                                    (first_tile + t) * tokens, row0, rows, heads, quad, reduce)
+            if cutlass.const_expr(reduce == "mma"):
+                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+                last_token = _lane_token(tCcC, tile_start, quad)
+            else:
+                _reduce_tile(acc, tCcC, weight, scores, sHist, tile_start, row0, rows, heads, quad, reduce)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         for t in cutlass.range(tile_count, unroll=1):
             keys.consumer_wait(read)
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
             read.advance()
+            tile_start = (first_tile + t) * tokens
+            if cutlass.const_expr(reduce == "mma"):
+                warpgroup.wait_group(1)
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token)
             warpgroup.wait_group(0)
             keys.consumer_release(release)
             release.advance()
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-            head_mma = _finish_tile(acc, tCcC, weight, head_mma, head_acc, relu, tCrW, scores, sHist,
-                                    (first_tile + t) * tokens, row0, rows, heads, quad, reduce)
+            if cutlass.const_expr(reduce == "mma"):
+                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+                last_token = _lane_token(tCcC, tile_start, quad)
+            else:
+                _reduce_tile(acc, tCcC, weight, scores, sHist, tile_start, row0, rows, heads, quad, reduce)
+    if cutlass.const_expr(reduce == "mma"):
+        warpgroup.wait_group(0)
+        _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token)
 
 
 @cute.kernel

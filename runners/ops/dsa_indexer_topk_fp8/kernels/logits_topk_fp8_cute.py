@@ -264,9 +264,10 @@ def _head_sums(
 @cute.jit
 def _store_head_sums(
     head_acc: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, row0: cutlass.Int32,
-    rows: cutlass.Constexpr, quad: cutlass.Int32, tokens: list, scales: list,
+    rows: cutlass.Constexpr, quad: cutlass.Int32, token: cutlass.Int32, scale: cutlass.Float32,
 ):
-    """Store the head-sum MMA's results. Lane q holds columns 2q and 2q+1 (query rows
+    """Store the head-sum MMA's results, the sums of this lane's `token` times its key
+    scale (a token past the context stores nothing). Lane q holds columns 2q and 2q+1 (query rows
     (2q) % ROWS and (2q+1) % ROWS) of tokens t and t+8; it stores row half q // 2, and
     of it: both columns when ROWS=4, column q % 2 when ROWS=2, column 0 on even lanes
     when ROWS=1. Each sum is stored once."""
@@ -275,21 +276,20 @@ def _store_head_sums(
     for i in cutlass.range_constexpr(2):
         # Value (i, half) of the compact accumulator, flat index i + 2 * half.
         values.append(cutlass.Float32(cutlass.select_(bit1, head_acc[i + 2], head_acc[i])))
-    token = tokens[0]
     in_context = token < scores.shape[1]
     if cutlass.const_expr(rows == 4):
         for i in cutlass.range_constexpr(2):
             r = 2 * (quad & 1) + i
             if in_context and row0 + r < scores.shape[0]:
-                _record(scores, hist, row0 + r, token, r, scales[0] * values[i])
+                _record(scores, hist, row0 + r, token, r, scale * values[i])
     elif cutlass.const_expr(rows == 2):
         r = quad & 1
         if in_context and row0 + r < scores.shape[0]:
             _record(scores, hist, row0 + r, token, r,
-                    scales[0] * cutlass.Float32(cutlass.select_(bit0, values[1], values[0])))
+                    scale * cutlass.Float32(cutlass.select_(bit0, values[1], values[0])))
     else:
         if in_context and (quad & 1) == 0:
-            _record(scores, hist, row0, token, 0, scales[0] * values[0])
+            _record(scores, hist, row0, token, 0, scale * values[0])
 
 
 @cute.jit
@@ -347,25 +347,6 @@ def _reduce_tile(
             token = tile_start + tCcC[(0, half, 0), 0, 0][0]
             if quad == e % 4 and token < scores.shape[1] and row0 + r < scores.shape[0]:
                 _record(scores, hist, row0 + r, token, r, k_scale[token] * partials[e])
-
-
-@cute.jit
-def _finish_tile(
-    acc: cute.Tensor, tCcC: cute.Tensor, weight, head_mma: cute.TiledMma, head_acc, relu, tCrW,
-    k_scale: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tile_start: cutlass.Int32,
-    row0: cutlass.Int32, rows: cutlass.Constexpr, heads: cutlass.Constexpr, quad: cutlass.Int32,
-    reduce: cutlass.Constexpr, tokens: list, scales: list,
-):
-    """A tile's scores from its finished accumulator, by REDUCE: on the tensor cores
-    ("mma") or on the CUDA cores. Returns the head-sum MMA, for the caller to rebind."""
-    if cutlass.const_expr(reduce == "mma"):
-        head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, rows * heads)
-        warpgroup.wait_group(0)
-        _store_head_sums(head_acc, scores, hist, row0, rows, quad, tokens, scales)
-    else:
-        _reduce_tile(acc, tCcC, weight, k_scale, scores, hist, tile_start, row0, rows, heads, quad,
-                     reduce, tokens, scales)
-    return head_mma
 
 
 def _tile_tokens(turns: int) -> int:
@@ -437,6 +418,9 @@ def _consume(
             for i in cutlass.range_constexpr(2):
                 weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
+    # REDUCE="mma" stores a tile's sums while the next tile's MMA runs: none before the
+    # first (a token past the context stores nothing).
+    last_token, last_scale = cutlass.Int32(scores.shape[1]), cutlass.Float32(0.0)
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
     if cutlass.const_expr(turns > 1):
@@ -457,13 +441,21 @@ def _consume(
             tile_start = (first_tile + t) * tokens
             lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
                                                     reduce) if reduce != "shuffle" else ([], [])
+            if cutlass.const_expr(reduce == "mma"):
+                # The last tile's head sums, issued before this tile's MMA, are done when
+                # one group is left.
+                warpgroup.wait_group(1)
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token, last_scale)
             warpgroup.wait_group(0)
             keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            head_mma = _finish_tile(acc, tCcC, weight, head_mma, head_acc, relu, tCrW, k_scale, scores,
-                                    sHist, tile_start, row0, rows, heads, quad, reduce, lane_tokens,
-                                    lane_scales)
+            if cutlass.const_expr(reduce == "mma"):
+                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+                last_token, last_scale = lane_tokens[0], lane_scales[0]
+            else:
+                _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows, heads,
+                             quad, reduce, lane_tokens, lane_scales)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         for t in cutlass.range(tile_count, unroll=1):
@@ -473,13 +465,22 @@ def _consume(
             tile_start = (first_tile + t) * tokens
             lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
                                                     reduce) if reduce != "shuffle" else ([], [])
+            if cutlass.const_expr(reduce == "mma"):
+                warpgroup.wait_group(1)
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token, last_scale)
             warpgroup.wait_group(0)
             keys.consumer_release(release)
             release.advance()
             producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-            head_mma = _finish_tile(acc, tCcC, weight, head_mma, head_acc, relu, tCrW, k_scale, scores,
-                                    sHist, tile_start, row0, rows, heads, quad, reduce, lane_tokens,
-                                    lane_scales)
+            if cutlass.const_expr(reduce == "mma"):
+                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+                last_token, last_scale = lane_tokens[0], lane_scales[0]
+            else:
+                _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows, heads,
+                             quad, reduce, lane_tokens, lane_scales)
+    if cutlass.const_expr(reduce == "mma"):
+        warpgroup.wait_group(0)
+        _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token, last_scale)
 
 
 @cute.kernel
