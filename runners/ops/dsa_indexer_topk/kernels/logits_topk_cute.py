@@ -414,9 +414,6 @@ def _consume(
             for i in cutlass.range_constexpr(2):
                 weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
-    # REDUCE="mma" stores a tile's sums while the next tile's MMA runs: none before the
-    # first (a token past the context stores nothing).
-    last_token = cutlass.Int32(scores.shape[1])
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
     if cutlass.const_expr(turns > 1):
@@ -427,50 +424,94 @@ def _consume(
         turn = warp // 4
         for _ in cutlass.range(turn, unroll=1):
             read.advance()
-        for t in cutlass.range(turn, tile_count, turns, unroll=1):
-            if t > 0:
-                cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
-            keys.consumer_wait(read)
-            tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
-            if t + 1 < tile_count:
-                cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
-            tile_start = (first_tile + t) * tokens
-            if cutlass.const_expr(reduce == "mma"):
-                # The last tile's head sums, issued before this tile's MMA, are done when
-                # one group is left.
-                warpgroup.wait_group(1)
-                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token)
-            warpgroup.wait_group(0)
-            keys.consumer_release(read)
+        if cutlass.const_expr(reduce == "mma"):
+            # Tile t's head sums go to the tensor cores, then at once this warpgroup's
+            # next MMA: both are queued while the sums of t are waited for and stored.
+            if turn < tile_count:
+                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, turn, tile_count, turn, turns, dim)
+                warpgroup.wait_group(0)
+                keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            if cutlass.const_expr(reduce == "mma"):
+            for t in cutlass.range(turn, tile_count, turns, unroll=1):
+                token = _lane_token(tCcC, (first_tile + t) * tokens, quad)
                 head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
-                last_token = _lane_token(tCcC, tile_start, quad)
-            else:
-                _reduce_tile(acc, tCcC, weight, scores, sHist, tile_start, row0, rows, heads, quad, reduce)
+                following = t + turns
+                if following < tile_count:
+                    tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
+                                            turn, turns, dim)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, token)
+                # Every iteration ends with no MMA in flight, whichever way it went.
+                warpgroup.wait_group(0)
+                if following < tile_count:
+                    keys.consumer_release(read)
+                for _ in cutlass.range_constexpr(turns):
+                    read.advance()
+        else:
+            for t in cutlass.range(turn, tile_count, turns, unroll=1):
+                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, t, tile_count, turn, turns, dim)
+                warpgroup.wait_group(0)
+                keys.consumer_release(read)
+                for _ in cutlass.range_constexpr(turns):
+                    read.advance()
+                _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * tokens, row0, rows, heads,
+                             quad, reduce)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
-        for t in cutlass.range(tile_count, unroll=1):
+        if cutlass.const_expr(reduce == "mma"):
+            # As when taking turns: tile t's head sums, then tile t+1's MMA, are queued
+            # before the sums of t are waited for.
             keys.consumer_wait(read)
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
             read.advance()
-            tile_start = (first_tile + t) * tokens
-            if cutlass.const_expr(reduce == "mma"):
-                warpgroup.wait_group(1)
-                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token)
             warpgroup.wait_group(0)
-            keys.consumer_release(release)
-            release.advance()
-            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-            if cutlass.const_expr(reduce == "mma"):
+            for t in cutlass.range(tile_count, unroll=1):
+                token = _lane_token(tCcC, (first_tile + t) * tokens, quad)
+                keys.consumer_release(release)
+                release.advance()
+                producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
                 head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
-                last_token = _lane_token(tCcC, tile_start, quad)
-            else:
-                _reduce_tile(acc, tCcC, weight, scores, sHist, tile_start, row0, rows, heads, quad, reduce)
-    if cutlass.const_expr(reduce == "mma"):
-        warpgroup.wait_group(0)
-        _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token)
+                if t + 1 < tile_count:
+                    keys.consumer_wait(read)
+                    tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                read.advance()
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, token)
+                # Every iteration ends with no MMA in flight, whichever way it went.
+                warpgroup.wait_group(0)
+        else:
+            for t in cutlass.range(tile_count, unroll=1):
+                keys.consumer_wait(read)
+                tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+                read.advance()
+                warpgroup.wait_group(0)
+                keys.consumer_release(release)
+                release.advance()
+                producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
+                _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * tokens, row0, rows, heads,
+                             quad, reduce)
+
+
+@cute.jit
+def _issue_turn(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrK: cute.Tensor, tCrQ: cute.Tensor, keys, read,
+    t: cutlass.Int32, tile_count: cutlass.Int32, turn: cutlass.Int32, turns: cutlass.Constexpr,
+    dim: cutlass.Constexpr,
+):
+    """Taking turns: wait for this warpgroup's turn (past the first tile) and tile t's keys,
+    start its MMA, then hand the turn on if a tile follows. Returns the tiled MMA."""
+    if t > 0:
+        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+    keys.consumer_wait(read)
+    tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+    if t + 1 < tile_count:
+        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+    return tiled_mma
 
 
 @cute.kernel

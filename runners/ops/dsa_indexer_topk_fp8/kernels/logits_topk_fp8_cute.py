@@ -418,9 +418,6 @@ def _consume(
             for i in cutlass.range_constexpr(2):
                 weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
 
-    # REDUCE="mma" stores a tile's sums while the next tile's MMA runs: none before the
-    # first (a token past the context stores nothing).
-    last_token, last_scale = cutlass.Int32(scores.shape[1]), cutlass.Float32(0.0)
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
     if cutlass.const_expr(turns > 1):
@@ -431,56 +428,101 @@ def _consume(
         turn = warp // 4
         for _ in cutlass.range(turn, unroll=1):
             read.advance()
-        for t in cutlass.range(turn, tile_count, turns, unroll=1):
-            if t > 0:
-                cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
-            keys.consumer_wait(read)
-            tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
-            if t + 1 < tile_count:
-                cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
-            tile_start = (first_tile + t) * tokens
-            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
-                                                    reduce) if reduce != "shuffle" else ([], [])
-            if cutlass.const_expr(reduce == "mma"):
-                # The last tile's head sums, issued before this tile's MMA, are done when
-                # one group is left.
-                warpgroup.wait_group(1)
-                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token, last_scale)
-            warpgroup.wait_group(0)
-            keys.consumer_release(read)
+        if cutlass.const_expr(reduce == "mma"):
+            # Tile t's head sums go to the tensor cores, then at once this warpgroup's
+            # next MMA: both are queued while the sums of t are waited for and stored.
+            if turn < tile_count:
+                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, turn, tile_count, turn, turns)
+                warpgroup.wait_group(0)
+                keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            if cutlass.const_expr(reduce == "mma"):
+            for t in cutlass.range(turn, tile_count, turns, unroll=1):
+                lane_tokens, lane_scales = _lane_scales(
+                    tCcC, k_scale, (first_tile + t) * tokens, scores.shape[1], rows, quad, reduce)
                 head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
-                last_token, last_scale = lane_tokens[0], lane_scales[0]
-            else:
+                following = t + turns
+                if following < tile_count:
+                    tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
+                                            turn, turns)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, lane_tokens[0], lane_scales[0])
+                # Every iteration ends with no MMA in flight, whichever way it went.
+                warpgroup.wait_group(0)
+                if following < tile_count:
+                    keys.consumer_release(read)
+                for _ in cutlass.range_constexpr(turns):
+                    read.advance()
+        else:
+            for t in cutlass.range(turn, tile_count, turns, unroll=1):
+                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, t, tile_count, turn, turns)
+                tile_start = (first_tile + t) * tokens
+                lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
+                                                        reduce) if reduce != "shuffle" else ([], [])
+                warpgroup.wait_group(0)
+                keys.consumer_release(read)
+                for _ in cutlass.range_constexpr(turns):
+                    read.advance()
                 _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows, heads,
                              quad, reduce, lane_tokens, lane_scales)
     else:
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
-        for t in cutlass.range(tile_count, unroll=1):
+        if cutlass.const_expr(reduce == "mma"):
+            # As when taking turns: tile t's head sums, then tile t+1's MMA, are queued
+            # before the sums of t are waited for.
             keys.consumer_wait(read)
             tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
             read.advance()
-            tile_start = (first_tile + t) * tokens
-            lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
-                                                    reduce) if reduce != "shuffle" else ([], [])
-            if cutlass.const_expr(reduce == "mma"):
-                warpgroup.wait_group(1)
-                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token, last_scale)
             warpgroup.wait_group(0)
-            keys.consumer_release(release)
-            release.advance()
-            producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-            if cutlass.const_expr(reduce == "mma"):
+            for t in cutlass.range(tile_count, unroll=1):
+                lane_tokens, lane_scales = _lane_scales(
+                    tCcC, k_scale, (first_tile + t) * tokens, scores.shape[1], rows, quad, reduce)
+                keys.consumer_release(release)
+                release.advance()
+                producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
                 head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
-                last_token, last_scale = lane_tokens[0], lane_scales[0]
-            else:
+                if t + 1 < tile_count:
+                    keys.consumer_wait(read)
+                    tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                read.advance()
+                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, lane_tokens[0], lane_scales[0])
+                # Every iteration ends with no MMA in flight, whichever way it went.
+                warpgroup.wait_group(0)
+        else:
+            for t in cutlass.range(tile_count, unroll=1):
+                keys.consumer_wait(read)
+                tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
+                read.advance()
+                tile_start = (first_tile + t) * tokens
+                lane_tokens, lane_scales = _lane_scales(tCcC, k_scale, tile_start, scores.shape[1], rows, quad,
+                                                        reduce) if reduce != "shuffle" else ([], [])
+                warpgroup.wait_group(0)
+                keys.consumer_release(release)
+                release.advance()
+                producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
                 _reduce_tile(acc, tCcC, weight, k_scale, scores, sHist, tile_start, row0, rows, heads,
                              quad, reduce, lane_tokens, lane_scales)
-    if cutlass.const_expr(reduce == "mma"):
-        warpgroup.wait_group(0)
-        _store_head_sums(head_acc, scores, sHist, row0, rows, quad, last_token, last_scale)
+
+
+@cute.jit
+def _issue_turn(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrK: cute.Tensor, tCrQ: cute.Tensor, keys, read,
+    t: cutlass.Int32, tile_count: cutlass.Int32, turn: cutlass.Int32, turns: cutlass.Constexpr,
+):
+    """Taking turns: wait for this warpgroup's turn (past the first tile) and tile t's keys,
+    start its MMA, then hand the turn on if a tile follows. Returns the tiled MMA."""
+    if t > 0:
+        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+    keys.consumer_wait(read)
+    tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
+    if t + 1 < tile_count:
+        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+    return tiled_mma
 
 
 @cute.kernel
