@@ -523,6 +523,9 @@ def _score_tiles(
     stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr,
     reduce: cutlass.Constexpr,
 ):
+    # The select may launch once every CTA has passed here: its CTAs wait on the SMs
+    # this grid leaves free and take the others as they empty, no launch gap between.
+    cute.arch.griddepcontrol_launch_dependents()
     tidx, _, _ = cute.arch.thread_idx()
     group, split, _ = cute.arch.block_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -846,6 +849,9 @@ def _select_rows(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr,
     sorted_slots: cutlass.Constexpr,
 ):
+    # Launched while the scores kernel still runs (programmatic dependent launch): wait
+    # for it to finish and its scores and histograms to be visible.
+    cute.arch.griddepcontrol_wait()
     tidx, _, _ = cute.arch.thread_idx()
     row, _, _ = cute.arch.block_idx()
     topk = out.shape[1]
@@ -1028,8 +1034,10 @@ def _launch_select(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream,
     threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr,
 ):
+    # use_pdl: the select's launch overlaps the scores kernel's tail; it waits for it
+    # in griddepcontrol.wait.
     _select_rows(scores, hist, out, threads, sorted_slots).launch(
-        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream
+        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
     )
 
 
