@@ -232,6 +232,23 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
                 wrong.append(context)
         return wrong
 
+    def duplicate_keys_wrong(module):
+        # Every key four times: the top-k-th score is most often one of four equal ones,
+        # of which only some fit, and the lowest-indexed copies must be the ones taken.
+        distinct = 1250
+        q = torch.randn(64, 64, 128, device="cuda").bfloat16()
+        k = torch.randn(distinct, 128, device="cuda").bfloat16().repeat(4, 1)
+        inputs = {"q": q, "k": k, "weights": torch.rand(64, 64, device="cuda"), "topk": 2048}
+        got = module.forward(*inputs.values())
+        correct, detail = op.check(got, op.reference(inputs), inputs)
+        wrong = [] if correct else [detail]
+        chosen = torch.zeros(64, 4 * distinct, dtype=torch.bool, device="cuda").scatter_(1, got, True)
+        # A copy taken whose lower-indexed twin was not.
+        skipped = chosen[:, distinct:] & ~chosen[:, :-distinct]
+        if bool(skipped.any()):
+            wrong.append(f"{int(skipped.sum())} copies taken over a lower-indexed equal key")
+        return wrong
+
     points = {}
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
@@ -246,7 +263,8 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     module = load(source, "shipped")
     simt = ptx_facts(module.compiled_scores_simt(64, 64, 128, 5000, 132))
     gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module),
-            "equal_scores_wrong": equal_scores_wrong(module)} if on_gpu else None)
+            "equal_scores_wrong": equal_scores_wrong(module),
+            "duplicate_keys_wrong": duplicate_keys_wrong(module)} if on_gpu else None)
 
     device = "cuda" if on_gpu else "cpu"
     launch = launched(load(source, "launched"), torch.randn(3, 64, 128, device=device).bfloat16(),
@@ -337,7 +355,8 @@ def test_the_indexer_float32_scores_compile_for_the_target_off_the_tensor_cores(
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
 def test_on_a_gpu_the_indexer_is_right_in_float32_deterministic_and_breaks_ties_low(indexer_child):
-    assert indexer_child["gpu"] == {"float32_failures": [], "repeats_differ": False, "equal_scores_wrong": []}
+    assert indexer_child["gpu"] == {"float32_failures": [], "repeats_differ": False, "equal_scores_wrong": [],
+                                    "duplicate_keys_wrong": []}
 
 
 @pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")

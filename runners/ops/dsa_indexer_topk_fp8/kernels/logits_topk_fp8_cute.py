@@ -818,7 +818,8 @@ def _select_rows(
     sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
     sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * (threads // _WARP)), 16)
     sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
-    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 16)
+    # Slots handed out: chosen indices, candidates, gathered ties.
+    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
     sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
     sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
     sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
@@ -830,7 +831,7 @@ def _select_rows(
         for s in cutlass.range(hist.shape[0], unroll=8):
             total += hist[s, row, b]
         sHist[b] = total
-    if tidx < 2:
+    if tidx < 3:
         sCounts[tidx] = 0
     # Slots the top-k leaves empty sort last and are never written out.
     for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
@@ -870,21 +871,38 @@ def _select_rows(
         ties = need - sFound[1]
         tied = sFound[2]
 
-        # Candidates above the top-k-th key join the chosen; of those equal to it, the
-        # `ties` lowest-indexed, ranked among themselves where not all of them fit.
+        # Candidates above the top-k-th key join the chosen, and so do those equal to it
+        # if all fit. If not, the `ties` lowest-indexed of them: gathered in the
+        # histogram's place (free now) and ranked among themselves alone, or where more
+        # are tied than it holds, each ranked against every candidate.
+        gather = tied <= _BINS
         for c in cutlass.range(tidx, in_bin, threads, unroll=1):
             key = sKeys[c]
             index = sIndices[c]
             take = key > kth
             if key == kth:
-                rank = cutlass.Int32(0)
-                if tied > ties:
+                if tied <= ties:
+                    take = True
+                elif gather:
+                    sHist[cute.arch.atomic_add(sCounts.iterator + 2, cutlass.Int32(1))] = index
+                else:
+                    rank = cutlass.Int32(0)
                     for other in cutlass.range(in_bin, unroll=1):
                         if sKeys[other] == kth and sIndices[other] < index:
                             rank += 1
-                take = rank < ties
+                    take = rank < ties
             if take:
                 sChosen[cute.arch.atomic_add(sCounts.iterator, cutlass.Int32(1))] = index
+        if tied > ties and gather:
+            cute.arch.sync_threads()
+            for j in cutlass.range(tidx, tied, threads, unroll=1):
+                index = sHist[j]
+                rank = cutlass.Int32(0)
+                for other in cutlass.range(tied, unroll=1):
+                    if sHist[other] < index:
+                        rank += 1
+                if rank < ties:
+                    sChosen[cute.arch.atomic_add(sCounts.iterator, cutlass.Int32(1))] = index
         cute.arch.sync_threads()
         # Slots were handed out by atomics, in no fixed order: sorting the indices makes
         # the output the same bit for bit on every call.
