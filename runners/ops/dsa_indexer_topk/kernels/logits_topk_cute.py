@@ -14,7 +14,8 @@ radix digit of the top-k fused in, then an exact radix select per query row.
    reduction may take twice an MMA and still be hidden (ROWS=2 at most: the three
    accumulators share the registers). That way round, all heads of one token sit in one
    quad of lanes: ReLU, the per-head weights and the sum over heads happen in registers
-   plus two shuffles, and the [M, H, N] logits never exist. Each score goes to an
+   plus shuffles, or on the tensor cores (REDUCE="mma"), and the [M, H, N] logits never
+   exist. Each score goes to an
    [M, N] float32 buffer and into the CTA's histogram of its top 11 key bits, the first
    digit of the select; each CTA writes its histogram out. The CTAs tile the grid as
    (row groups) x (context spans), one per SM.
@@ -50,7 +51,12 @@ allocates.
   on the H200). "scatter": two accumulators per sum, a reduce-scatter (three shuffles
   for four sums) that leaves each lane its own sums to store, no divergence; written
   after ncu found the reduction latency-bound: 4-19% faster on the H200, on every
-  schedule.
+  schedule. "mma": the sum over heads on the tensor cores instead, a second wgmma
+  (m64n8k16) whose A is the tile's accumulator, ReLU'd and rounded to bfloat16 in
+  registers (one cvt per two scores), and whose B holds the weights; the next tile's
+  MMA is queued behind it before its results are waited for. It gains the e4m3
+  kernel 4-9%; here, where the bf16 MMA already keeps the tensor cores busy, it lost
+  (0.108 against 0.075 ms at 32K, 0.446 against 0.433 at 256K on the H200).
 - SELECT_THREADS: threads of each row's select CTA; each pass over the row is a
   strided read, so more threads keep more loads in flight (1024 beat 512 at every
   context on the H200, so 512 left the space).
