@@ -8,8 +8,9 @@
 The issue's targets ask for one run on one H200: torch eager (the op's baseline:
 einsum, relu, einsum, topk), fused logits + torch.topk (`fused_logits_triton` at the
 point the harness measured), the kept bf16 CuTe kernel, any further bf16 points given
-with --candidates, the fp8 CuTe kernel and any further fp8 points (--fp8-candidates). Per context every entry is checked against
-the op's reference, captured in a CUDA graph, then timed in `--rounds` rounds; each
+with --candidates, the fp8 CuTe kernel and any further fp8 points (--fp8-candidates).
+Per context every entry is checked against the op's reference, captured in a CUDA
+graph, then timed in `--rounds` rounds; each
 round replays every entry once, in an order rotated from round to round, L2 flushed
 (twice its size) before each replay, timed by CUDA events. All entries thus share the
 machine's state at every moment of the run. Reported: the median and the 10th-90th

@@ -222,8 +222,8 @@ def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
     ))
 
 
-def _as_operand_a(acc: cute.Tensor, cols: int) -> cute.Layout:
-    """The accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
+def _as_operand_a(cols: int) -> cute.Layout:
+    """An accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
     A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
     16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
     FlashAttention-3 makes of P)."""
@@ -240,7 +240,7 @@ def _head_sums(
     packed = cute.recast_tensor(relu, cutlass.Int32)
     for i in cutlass.range_constexpr(cute.size(packed)):
         packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
-    operand = cute.make_tensor(relu.iterator, _as_operand_a(acc, cols))
+    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
     warpgroup.fence()
     for kb in cutlass.range_constexpr(cols // 16):
         head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)

@@ -15,10 +15,11 @@ one float32 scale per key token (k_scale), q's scale folded into the weights.
    that loads, one reducing while the other's MMA runs) or "roundrobin" (three in turn,
    ROWS=2 at most), as in the bf16 kernel. All heads of one token sit in one quad of
    lanes: ReLU, the weights and the sum over heads happen in registers plus shuffles,
-   or on the tensor cores (REDUCE="mma"). The key's scale is positive and shared by every head, so relu(s * x) = s * relu(x) and
-   it multiplies each token's summed score once. Each score goes to an [M, N] float32
-   buffer and into the CTA's histogram of its top 11 key bits, the first digit of the
-   select; each CTA writes its histogram out. The CTAs tile the grid as (row groups) x
+   or on the tensor cores (REDUCE="mma"). The key's scale is positive and shared by
+   every head, so relu(s * x) = s * relu(x) and it multiplies each token's summed
+   score once. Each score goes to an [M, N] float32 buffer and into the CTA's histogram
+   of its top 11 key bits, the first digit of the select; each CTA writes its
+   histogram out. The CTAs tile the grid as (row groups) x
    (context spans), one per SM.
 2. Select (`_select_rows`), as in the bf16 kernel. One CTA per query row. The summed
    histograms give the bin that holds the top-k-th score. One pass over the row, in
@@ -237,8 +238,8 @@ def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
     ))
 
 
-def _as_operand_a(acc: cute.Tensor, cols: int) -> cute.Layout:
-    """The accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
+def _as_operand_a(cols: int) -> cute.Layout:
+    """An accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
     A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
     16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
     FlashAttention-3 makes of P)."""
@@ -255,7 +256,7 @@ def _head_sums(
     packed = cute.recast_tensor(relu, cutlass.Int32)
     for i in cutlass.range_constexpr(cute.size(packed)):
         packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
-    operand = cute.make_tensor(relu.iterator, _as_operand_a(acc, cols))
+    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
     warpgroup.fence()
     for kb in cutlass.range_constexpr(cols // 16):
         head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
@@ -270,10 +271,10 @@ def _store_head_sums(
     rows: cutlass.Constexpr, quad: cutlass.Int32, token: cutlass.Int32, scale: cutlass.Float32,
 ):
     """Store the head-sum MMA's results, the sums of this lane's `token` times its key
-    scale (a token past the context stores nothing). Lane q holds columns 2q and 2q+1 (query rows
-    (2q) % ROWS and (2q+1) % ROWS) of tokens t and t+8; it stores row half q // 2, and
-    of it: both columns when ROWS=4, column q % 2 when ROWS=2, column 0 on even lanes
-    when ROWS=1. Each sum is stored once."""
+    scale (a token past the context stores nothing). Lane q holds columns 2q and 2q+1
+    (query rows (2q) % ROWS and (2q+1) % ROWS) of tokens t and t+8; it stores row half
+    q // 2, and of it: both columns when ROWS=4, column q % 2 when ROWS=2, column 0 on
+    even lanes when ROWS=1. Each sum is stored once."""
     bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
     values = []
     for i in cutlass.range_constexpr(2):
