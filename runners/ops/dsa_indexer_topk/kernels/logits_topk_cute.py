@@ -251,8 +251,8 @@ def _head_sums(
 
 @cute.jit
 def _lane_token(tCcC: cute.Tensor, tile_start: cutlass.Int32, quad: cutlass.Int32) -> cutlass.Int32:
-    """The token whose head sums lane q stores under REDUCE="mma": row half q // 2 (the
-    accumulator's halves are tokens 8 apart)."""
+    """The token of lane q's row half q // 2 (the accumulator's halves are tokens 8
+    apart): whose sums it stores under REDUCE="mma", and under "scatter" at ROWS=2."""
     first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
     return tile_start + cutlass.Int32(cutlass.select_((quad & 2) == 2, second, first))
 
@@ -337,8 +337,7 @@ def _reduce_tile(
             r = e % rows
             # The sum's row half of the accumulator: bit 1 of e when ROWS=2, j when 4.
             if cutlass.const_expr(rows == 2):
-                first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
-                token = tile_start + cutlass.Int32(cutlass.select_(bit1, second, first))
+                token = _lane_token(tCcC, tile_start, quad)
             else:
                 token = tile_start + tCcC[(0, j, 0), 0, 0][0]
             if token < scores.shape[1] and row0 + r < scores.shape[0]:
@@ -557,7 +556,10 @@ def _score_tiles(
     q_barrier = smem.allocate_array(cutlass.Int64, 1)
     sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
     sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
-    sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
+    # The weights the CUDA-core reductions read; the head-sum MMA reads its own B.
+    sW = None
+    if cutlass.const_expr(reduce != "mma"):
+        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
     sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
     sHeadW = None
     if cutlass.const_expr(reduce == "mma"):
@@ -579,12 +581,13 @@ def _score_tiles(
             cute.arch.mbarrier_init(q_barrier, 1)
     cute.arch.mbarrier_init_fence()
     # Weights of rows past M are zero, so those rows score 0 and are never stored.
-    for i in cutlass.range(tidx, cols, threads, unroll=1):
-        weight = cutlass.Float32(0.0)
-        if row0 + i // heads < weights.shape[0]:
-            weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
-        sW[i] = weight
-    if cutlass.const_expr(reduce == "mma"):
+    if cutlass.const_expr(reduce != "mma"):
+        for i in cutlass.range(tidx, cols, threads, unroll=1):
+            weight = cutlass.Float32(0.0)
+            if row0 + i // heads < weights.shape[0]:
+                weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
+            sW[i] = weight
+    else:
         # The head-sum MMA's B, [8, ROWS*H]: column n holds row n % ROWS's weights
         # under that row's heads and zeros elsewhere.
         for i in cutlass.range(tidx, _HEAD_SUM_N * cols, threads, unroll=1):
