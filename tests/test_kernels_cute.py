@@ -184,12 +184,29 @@ INDEXER_COMMON = textwrap.dedent("""
                 r"wgmma[.]mma_async[.]sync[.]aligned[.](m\\d+n\\d+k\\d+)[.]f32[.](\\w+)[.](\\w+)", ptx)}),
             "tma_loads": ptx.count("cp.async.bulk.tensor"),
             "smem_atomics": ptx.count("atom.shared.add"),
+            # bits set in a bitmap of the chosen tokens
+            "smem_or_atomics": ptx.count("atom.shared.or"),
             "ballots": ptx.count("vote.sync.ballot"),
             "wide_loads": ptx.count("ld.global.v4"),
             # pingpong's hand-over of the MMA issue between warpgroups
             "named_arrives": len(re.findall(r"\\bbar[.]arrive", ptx)),
             "threads": re.findall(r"[.]reqntid (\\d+)", ptx),
         }
+
+    def out_of_order(module):
+        # Up to _BITMAP_TOKENS the select marks the chosen in a bitmap and writes them in
+        # token order; past it, it lists them and sorts the list. Both must be right, and
+        # ascending. (3 query rows: the long context's reference logits stay small.)
+        wrong = []
+        for context in (5000, module._BITMAP_TOKENS + 5000):
+            inputs = op.make_inputs(op.build_workloads("cuda", [context], [3])[0], 15, "normal")
+            got = module.forward(*inputs.values())
+            correct, detail = op.check(got, op.reference(inputs), inputs)
+            if not correct:
+                wrong.append(f"{context}: {detail}")
+            if not torch.equal(got, got.sort(dim=1).values):
+                wrong.append(f"{context}: not in token order")
+        return wrong
 
     def launched(module, *args):
         with launch_counter("cute") as launches:
@@ -264,7 +281,8 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     simt = ptx_facts(module.compiled_scores_simt(64, 64, 128, 5000, 132))
     gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module),
             "equal_scores_wrong": equal_scores_wrong(module),
-            "duplicate_keys_wrong": duplicate_keys_wrong(module)} if on_gpu else None)
+            "duplicate_keys_wrong": duplicate_keys_wrong(module), "out_of_order": out_of_order(module)}
+           if on_gpu else None)
 
     device = "cuda" if on_gpu else "cpu"
     launch = launched(load(source, "launched"), torch.randn(3, 64, 128, device=device).bfloat16(),
@@ -283,10 +301,11 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
         points[key] = {"scores": ptx_facts(scores),
                        "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
 
+    gpu = {"out_of_order": out_of_order(load(source, "shipped"))} if on_gpu else None
     # 3 query rows and 5000 tokens, made where this machine can hold them.
     workload = dataclasses.replace(workloads[1], device="cuda" if on_gpu else "cpu")
     launch = launched(load(source, "launched"), *op.make_inputs(workload, 13, "normal").values())
-    print(json.dumps({"points": points, "launch": launch}))
+    print(json.dumps({"points": points, "gpu": gpu, "launch": launch}))
 """)
 
 
@@ -340,6 +359,8 @@ def test_every_indexer_space_point_compiles_to_wgmma_fed_by_tma(indexer_child, l
     # One wide pass over the row feeding shared memory, where the later digits are
     # counted; for a bin too full for it, passes whose slots are handed out by ballots.
     assert select["wgmma"] == [] and select["smem_atomics"] > 0 and select["ballots"] > 0
+    # 5000 tokens: the chosen are marked in a bitmap, no sort.
+    assert select["smem_or_atomics"] > 0
     assert select["wide_loads"] > 0
     if ON_GPU:
         assert point["failures"] == []
@@ -356,7 +377,7 @@ def test_the_indexer_float32_scores_compile_for_the_target_off_the_tensor_cores(
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
 def test_on_a_gpu_the_indexer_is_right_in_float32_deterministic_and_breaks_ties_low(indexer_child):
     assert indexer_child["gpu"] == {"float32_failures": [], "repeats_differ": False, "equal_scores_wrong": [],
-                                    "duplicate_keys_wrong": []}
+                                    "duplicate_keys_wrong": [], "out_of_order": []}
 
 
 @pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
@@ -410,6 +431,11 @@ def test_without_a_gpu_the_fp8_indexer_launch_fails_for_want_of_one_and_runs_no_
     assert launch["error"]["type"] == "DSLCudaRuntimeError"
     assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
     assert (launch["compiles"], launch["count"], launch["torch_compute"]) == (1, 0, {})
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_fp8_indexer_writes_its_choice_in_token_order_from_bitmap_and_sort(fp8_child):
+    assert fp8_child["gpu"] == {"out_of_order": []}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")

@@ -3,12 +3,14 @@
     python3 bench/h200/indexer_targets.py [--ctx 4096,8192,32768,65536,131072,262144]
         [--rounds 30] [--bf16 '{"ROWS": 2, ...}'] [--fp8 '{"ROWS": 4, ...}']
         [--candidates '[{"ROWS": 2, ..., "REDUCE": "scatter"}]'] [--fp8-candidates '[...]']
-        [--out targets.jsonl]
+        [--files '[["label", "dsa_indexer_topk", "path/to/kernel.py"]]'] [--out targets.jsonl]
 
 The issue's targets ask for one run on one H200: torch eager (the op's baseline:
 einsum, relu, einsum, topk), fused logits + torch.topk (`fused_logits_triton` at the
 point the harness measured), the kept bf16 CuTe kernel, any further bf16 points given
-with --candidates, the fp8 CuTe kernel and any further fp8 points (--fp8-candidates).
+with --candidates, the fp8 CuTe kernel and any further fp8 points (--fp8-candidates),
+and other versions of a kernel file at their own PARAMS (--files: an earlier commit's,
+say, to time a change against what it replaced).
 Per context every entry is checked against the op's reference, captured in a CUDA
 graph, then timed in `--rounds` rounds; each
 round replays every entry once, in an order rotated from round to round, L2 flushed
@@ -51,8 +53,10 @@ TORCH_EAGER, FUSED, BF16, FP8 = "torch eager", "fused logits + torch.topk", "bf1
 
 def entries(
     bf16: dict, fp8: dict, candidates: list[dict], fp8_candidates: list[dict] = (),
+    files: list[list[str]] = (),
 ) -> list[tuple[str, str, str, dict | None]]:
-    """(label, op, kernel file name or 'baseline', point) of everything timed."""
+    """(label, op, kernel, point) of everything timed: the kernel is a kernel's name,
+    'baseline' or a kernel file's path; a point of None times the file at its PARAMS."""
     def named(prefix: str, point: dict) -> str:
         return f"{prefix} {','.join(f'{k}={v}' for k, v in point.items())}"
 
@@ -63,11 +67,15 @@ def entries(
     found.append((FP8, "dsa_indexer_topk_fp8", "logits_topk_fp8_cute", fp8))
     found += [(named("fp8", point), "dsa_indexer_topk_fp8", "logits_topk_fp8_cute", point)
               for point in fp8_candidates]
+    found += [(label, op_name, path, None) for label, op_name, path in files]
     return found
 
 
 def forward_of(op, kernel: str, point: dict | None, scratch: Path, name: str):
-    path = op.baseline_path if kernel == "baseline" else op.kernels()[kernel]
+    if kernel == "baseline":
+        path = op.baseline_path
+    else:
+        path = Path(kernel) if kernel.endswith(".py") else op.kernels()[kernel]
     source = path.read_text() if point is None else materialize(path.read_text(), point)
     file = scratch / f"{name}.py"
     file.write_text(source)
@@ -125,12 +133,14 @@ def main() -> None:
     parser.add_argument("--fp8", type=json.loads, default=FP8_KEPT, help="the fp8 CuTe point")
     parser.add_argument("--candidates", type=json.loads, default=[], help="more bf16 CuTe points")
     parser.add_argument("--fp8-candidates", type=json.loads, default=[], help="more fp8 CuTe points")
+    parser.add_argument("--files", type=json.loads, default=[],
+                        help="[label, op, path] of other kernel files, timed at their own PARAMS")
     parser.add_argument("--out", type=Path, default=Path("targets.jsonl"))
     args = parser.parse_args()
     hardware = hardware_key("cuda")
     flush = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.float32, device="cuda")
     scratch = Path(tempfile.mkdtemp(prefix="indexer-targets-"))
-    timed = entries(args.bf16, args.fp8, args.candidates, args.fp8_candidates)
+    timed = entries(args.bf16, args.fp8, args.candidates, args.fp8_candidates, args.files)
     forwards = {}
     for index, (label, op_name, kernel, point) in enumerate(timed):
         op = get_op(op_name)

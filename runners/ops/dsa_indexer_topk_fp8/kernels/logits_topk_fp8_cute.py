@@ -111,6 +111,10 @@ _CANDIDATES = 16384
 _LOADS_IN_FLIGHT = 4
 # The chosen indices are sorted in shared memory, up to this many.
 _MAX_TOPK = 8192
+# Up to this many context tokens (64 KB of bits) the chosen are marked in a bitmap in
+# shared memory and written out in token order by a prefix sum, no sort: the bitonic
+# sort of 2048 indices took 66 steps, each one sync, on the select's critical path.
+_BITMAP_TOKENS = 1 << 19
 # Hopper: H200 and H100 SXM.
 _DEFAULT_SMS = 132
 
@@ -699,23 +703,13 @@ def _launch_scores_mma(
 
 
 @cute.jit
-def _threshold_bin(
-    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
-    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """found = (bin, count above it, count in it): the bin, from the top, where the
-    running count first reaches `need`. Thread t owns bins/threads bins counted down from the top; a
-    block-wide prefix sum over threads finds the one thread whose bins cross `need`."""
-    tidx, _, _ = cute.arch.thread_idx()
+def _exclusive_prefix(owned: cutlass.Int32, warp_totals: cute.Tensor) -> cutlass.Int32:
+    """The sum of `owned` over the block's threads before this one: a scan within the
+    warp, then the totals of the warps before, summed across the lanes (a warp at most
+    per lane: five shuffles, not a load per earlier warp in turn). warp_totals must not
+    be read by anyone else until the next block sync."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    per_thread = bins // threads
-    first = bins - 1 - tidx * per_thread
-
-    owned = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(per_thread):
-        owned += hist[first - i]
-    # Inclusive scan within the warp, then the totals of the warps before.
     running = owned
     for offset in cutlass.range_constexpr(5):
         other = cute.arch.shuffle_sync_up(running, 1 << offset)
@@ -724,14 +718,31 @@ def _threshold_bin(
     if lane == _WARP - 1:
         warp_totals[warp] = running
     cute.arch.sync_threads()
-    # The warps before this one, summed across the lanes (a warp at most per lane):
-    # five shuffles, not a load per earlier warp in turn.
     earlier = cutlass.Int32(0)
     if lane < warp:
         earlier = warp_totals[lane]
     for offset in cutlass.range_constexpr(5):
         earlier += cute.arch.shuffle_sync_bfly(earlier, 1 << offset)
-    above = running - owned + earlier
+    return running - owned + earlier
+
+
+@cute.jit
+def _threshold_bin(
+    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
+    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """found = (bin, count above it, count in it): the bin, from the top, where the
+    running count first reaches `need`. Thread t owns bins/threads bins counted down from
+    the top; a block-wide prefix sum over threads finds the one thread whose bins cross
+    `need`."""
+    tidx, _, _ = cute.arch.thread_idx()
+    per_thread = bins // threads
+    first = bins - 1 - tidx * per_thread
+
+    owned = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(per_thread):
+        owned += hist[first - i]
+    above = _exclusive_prefix(owned, warp_totals)
 
     if above < need and need <= above + owned:
         for i in cutlass.range_constexpr(per_thread):
@@ -745,9 +756,48 @@ def _threshold_bin(
 
 
 @cute.jit
+def _choose(chosen: cute.Tensor, counts: cute.Tensor, index: cutlass.Int32, by_bitmap: cutlass.Constexpr):
+    """Mark token `index` chosen: its bit in the row's bitmap, or the next free slot of
+    the list the sort then orders."""
+    if cutlass.const_expr(by_bitmap):
+        bit = cutlass.Uint32(1) << cutlass.Uint32(index & (_WARP - 1))
+        cute.arch.atomic_or(chosen.iterator + (index >> 5), bit)
+    else:
+        chosen[cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))] = index
+
+
+@cute.jit
+def _write_bitmap(
+    bitmap: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, warp_totals: cute.Tensor,
+    threads: cutlass.Constexpr,
+):
+    """Write the tokens whose bits are set, in token order: thread t owns a run of
+    words, a block prefix sum of their bit counts gives it its first slot."""
+    tidx, _, _ = cute.arch.thread_idx()
+    words = cute.size(bitmap)
+    per_thread = (words + threads - 1) // threads
+    first = tidx * per_thread
+    owned = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(per_thread):
+        if first + i < words:
+            owned += cutlass.Int32(cute.arch.popc(bitmap[first + i]))
+    slot = _exclusive_prefix(owned, warp_totals)
+    for i in cutlass.range_constexpr(per_thread):
+        word = first + i
+        if word < words:
+            bits = bitmap[word]
+            while bits != cutlass.Uint32(0):
+                lowest = bits & (~bits + cutlass.Uint32(1))
+                out[row, slot] = cutlass.Int64(word * _WARP + cutlass.Int32(cute.arch.popc(lowest - cutlass.Uint32(1))))
+                slot += 1
+                bits ^= lowest
+
+
+@cute.jit
 def _candidates(
     scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
     indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, threads: cutlass.Constexpr,
+    by_bitmap: cutlass.Constexpr,
 ):
     """One pass over the row in 16-byte loads, several in flight per thread: every score
     whose first digit is above `top` is chosen outright; those whose first digit is
@@ -773,8 +823,7 @@ def _candidates(
                     key = _radix_key(chunks[u][e])
                     digit = key >> cutlass.Uint32(21)
                     if digit > top:
-                        slot = cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))
-                        chosen[slot] = j * vec + e
+                        _choose(chosen, counts, j * vec + e, by_bitmap)
                     elif digit == top:
                         slot = cute.arch.atomic_add(counts.iterator + 1, cutlass.Int32(1))
                         # The histogram said the bin fits; never write past it regardless.
@@ -830,7 +879,13 @@ def _select_rows(
     sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
     sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
     sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
-    sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
+    # The chosen: one bit per token where the row's bitmap fits, else a list of indices.
+    context = scores.shape[1]
+    by_bitmap = context <= _BITMAP_TOKENS
+    if cutlass.const_expr(by_bitmap):
+        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout((context + _WARP - 1) // _WARP), 16)
+    else:
+        sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
 
     # Digit 1 (key bits 31..21): the scores kernels' histograms, summed over splits.
     for b in cutlass.range(tidx, _BINS, threads, unroll=1):
@@ -841,9 +896,13 @@ def _select_rows(
         sHist[b] = total
     if tidx < 3:
         sCounts[tidx] = 0
-    # Slots the top-k leaves empty sort last and are never written out.
-    for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
-        sChosen[i] = cutlass.Int32(0x7FFFFFFF)
+    if cutlass.const_expr(by_bitmap):
+        for i in cutlass.range(tidx, cute.size(sChosen), threads, unroll=1):
+            sChosen[i] = cutlass.Uint32(0)
+    else:
+        # Slots the top-k leaves empty sort last and are never written out.
+        for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
+            sChosen[i] = cutlass.Int32(0x7FFFFFFF)
     cute.arch.sync_threads()
     _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
     top = cutlass.Uint32(sFound[0])
@@ -853,7 +912,7 @@ def _select_rows(
     if in_bin <= _CANDIDATES:
         # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
         # the row is read once and digits 2 and 3 are counted among the candidates.
-        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads)
+        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads, by_bitmap)
         for b in cutlass.range(tidx, _BINS, threads, unroll=1):
             sHist[b] = 0
         cute.arch.sync_threads()
@@ -900,7 +959,7 @@ def _select_rows(
                             rank += 1
                     take = rank < ties
             if take:
-                sChosen[cute.arch.atomic_add(sCounts.iterator, cutlass.Int32(1))] = index
+                _choose(sChosen, sCounts, index, by_bitmap)
         if tied > ties and gather:
             cute.arch.sync_threads()
             for j in cutlass.range(tidx, tied, threads, unroll=1):
@@ -910,13 +969,16 @@ def _select_rows(
                     if sHist[other] < index:
                         rank += 1
                 if rank < ties:
-                    sChosen[cute.arch.atomic_add(sCounts.iterator, cutlass.Int32(1))] = index
+                    _choose(sChosen, sCounts, index, by_bitmap)
         cute.arch.sync_threads()
-        # Slots were handed out by atomics, in no fixed order: sorting the indices makes
-        # the output the same bit for bit on every call.
-        _bitonic_sort(sChosen, sorted_slots, threads)
-        for i in cutlass.range(tidx, topk, threads, unroll=1):
-            out[row, i] = cutlass.Int64(sChosen[i])
+        # Atomics marked the chosen in no fixed order: written in token order, the output
+        # is the same bit for bit on every call.
+        if cutlass.const_expr(by_bitmap):
+            _write_bitmap(sChosen, out, row, sWarp, threads)
+        else:
+            _bitonic_sort(sChosen, sorted_slots, threads)
+            for i in cutlass.range(tidx, topk, threads, unroll=1):
+                out[row, i] = cutlass.Int64(sChosen[i])
     else:
         _select_by_passes(scores, out, row, top, need, sHist, sWarp, sFound, threads)
 
