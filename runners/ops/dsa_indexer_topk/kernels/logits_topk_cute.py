@@ -87,7 +87,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-# The point kept on the H200 (2026-11-30): 0.432 ms at 256K, 1.10x the floor
+# The point kept on the H200 (2026-11-30): 0.431 ms at 256K, 1.10x the floor
 # (docs/benchmarks/h200-dsa-indexer.md).
 PARAMS = {
     "ROWS": 4,

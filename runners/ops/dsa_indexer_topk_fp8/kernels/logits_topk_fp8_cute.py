@@ -79,7 +79,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-# The point kept on the H200 (2026-11-30): 0.294 ms at 256K, 0.67x the bf16 kernel. The
+# The point kept on the H200 (2026-11-30): 0.290 ms at 256K, 0.67x the bf16 kernel. The
 # head sum runs on the tensor cores; three warpgroups take turns (ROWS=4 compiles as 2,
 # see mma_rows; docs/benchmarks/h200-dsa-indexer.md).
 PARAMS = {
