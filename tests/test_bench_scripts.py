@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from runners.ops import get_op
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120
 
@@ -123,3 +125,15 @@ def test_the_h200_targets_time_other_versions_of_a_kernel_file_at_their_own_para
     assert [label for label, *_ in timed] == [targets.TORCH_EAGER, targets.FUSED, targets.BF16, targets.FP8,
                                               "bf16 before"]
     assert timed[-1] == ("bf16 before", "dsa_indexer_topk", "before/logits_topk_cute.py", None)
+
+
+def test_the_scores_ablation_still_finds_what_it_takes_out_of_each_kept_kernel():
+    ablation = _h200_script("scores_ablation")
+    for op_name, (kernel, _) in ablation.KEPT.items():
+        source = get_op(op_name).kernels()[kernel].read_text()
+        for label, edits in ablation.ABLATIONS[kernel]:
+            copy = ablation.ablated(source, edits)
+            assert copy != source and "cute.arch.atomic_add(hist.iterator" not in copy, (kernel, label)
+    with pytest.raises(SystemExit, match="no longer holds"):
+        ablation.ablated("def _record(): pass", [ablation.NO_STORES])
+

@@ -1,0 +1,121 @@
+"""What the CuTe indexers' scores launches spend their time on: each kept kernel's
+scores launch timed alone, beside copies of it with part of its work taken out.
+
+    python3 bench/h200/scores_ablation.py [--ctx 262144] [--replays 30] [--out ablation.jsonl]
+
+A copy is the kept kernel file with one edit (ABLATIONS): "no stores" drops every
+score's store and histogram count. The copies compute wrong scores: they are timed,
+never checked (the kept kernels are checked against the op's reference first). Each launch is captured alone in a CUDA graph and timed over
+`--replays` replays with the L2 flushed before each, as `indexer_split.py` does. What
+a part costs is the kept launch's time less the copy's, an upper bound where the parts
+overlap. A scouting tool: its numbers say where to look, they are not results.
+
+Needs torch and CuTe DSL (on PYTHONPATH) on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from cutlass.cute.runtime import from_dlpack  # noqa: E402
+from indexer_points import check, load, time_graph  # noqa: E402
+from indexer_targets import BF16_KEPT, FP8_KEPT  # noqa: E402
+
+from runners.ops import get_op  # noqa: E402
+from runners.space import materialize  # noqa: E402
+
+RECORD = '''    scores[row, token] = score
+    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
+    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
+'''
+# (label, [(text in the kept file, its replacement)]): the edits of each copy. A copy
+# keeps one use of what it no longer stores, one the compiler cannot prove dead (a score
+# of exactly -1e30), or it would drop the MMAs that feed it as well: a first try without
+# it timed the bf16 scores at 3.3 PFLOP/s. A copy without the e4m3 head sums cannot be
+# made this way: whatever keeps the accumulator alive reads it while the next tile's
+# wgmma writes it, and ptxas then serializes every wgmma (0.615 ms at 256K, where the
+# kept launch takes 0.243).
+NO_STORES = (RECORD, """    if score == cutlass.Float32(-1.0e30):
+        scores[row, token] = score
+""")
+ABLATIONS = {"logits_topk_cute": [("no stores", [NO_STORES])], "logits_topk_fp8_cute": [("no stores", [NO_STORES])]}
+KEPT = {"dsa_indexer_topk": ("logits_topk_cute", BF16_KEPT), "dsa_indexer_topk_fp8": ("logits_topk_fp8_cute", FP8_KEPT)}
+
+
+def ablated(source: str, edits: list[tuple[str, str]]) -> str:
+    for text, replacement in edits:
+        if source.count(text) != 1:
+            raise SystemExit(f"the kept kernel no longer holds, once, the text an ablation edits: {text[:60]!r}")
+        source = source.replace(text, replacement)
+    return source
+
+
+def scores_launch(module, inputs: dict, fp8: bool):
+    """A callable that launches module's scores kernel alone on inputs, at its PARAMS."""
+    q, k, weights = inputs["q"], inputs["k"], inputs["weights"]
+    rows_m, heads, dim = q.shape
+    context = k.shape[0]
+    params, sms = module.PARAMS, module._sms()
+    rows = module.mma_rows(params["ROWS"], heads, params["SCHEDULE"])
+    splits, _ = module._mma_splits(rows_m, context, rows, sms)
+    scores = torch.empty(rows_m, context, dtype=torch.float32, device="cuda")
+    hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device="cuda")
+    if fp8:
+        kernel = module.compiled_scores_mma(rows_m, heads, dim, context, rows, params["STAGES"], sms,
+                                            weights.dtype, params["SCHEDULE"], params["REDUCE"])
+        tensors = (q.view(rows_m * heads, dim), k, inputs["k_scale"], weights, scores, hist)
+    else:
+        kernel = module.compiled_scores_mma(q.dtype, rows_m, heads, dim, context, rows, params["STAGES"], sms,
+                                            weights.dtype, params["SCHEDULE"], params["REDUCE"])
+        tensors = (q.view(rows_m * heads, dim), k, weights, scores, hist)
+    arguments = [from_dlpack(t, assumed_align=16) for t in tensors]
+
+    def launch():
+        kernel(*arguments, module._stream(q))
+    return launch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ctx", type=int, default=262144)
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("ablation.jsonl"))
+    args = parser.parse_args()
+    flush = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    scratch = Path(tempfile.mkdtemp(prefix="scores-ablation-"))
+    rows = []
+    for op_name, (kernel, point) in KEPT.items():
+        op = get_op(op_name)
+        kept_source = materialize(op.kernels()[kernel].read_text(), point)
+        workload = op.workloads("cuda", [args.ctx], op.default_batch_sizes("cuda"))[0]
+        inputs = op.make_inputs(workload, 11, "normal")
+        copies = [("kept", kept_source)] + [(label, ablated(kept_source, edits)) for label, edits in ABLATIONS[kernel]]
+        for index, (label, source) in enumerate(copies):
+            file = scratch / f"{kernel}_{index}.py"
+            file.write_text(source)
+            module = load(file, f"{kernel}_{index}")
+            if label == "kept":
+                wrong = check(op, module.forward)
+                if wrong:
+                    raise SystemExit(f"{kernel} is wrong: {wrong}")
+            launch = scores_launch(module, inputs, op_name.endswith("fp8"))
+            ms = statistics.median(time_graph(lambda *_: launch(), {}, args.replays, flush))
+            rows.append({"op": op_name, "kernel": kernel, "copy": label, "context": args.ctx, "scores_ms": ms})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"| kernel | copy | scores launch, ms at {args.ctx // 1024}K |")
+    print("|---|---|---|")
+    for row in rows:
+        print(f"| {row['kernel']} | {row['copy']} | {row['scores_ms']:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
