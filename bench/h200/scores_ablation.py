@@ -3,12 +3,14 @@ scores launch timed alone, beside copies of it with part of its work taken out.
 
     python3 bench/h200/scores_ablation.py [--ctx 262144] [--replays 30] [--out ablation.jsonl]
 
-A copy is the kept kernel file with one edit (ABLATIONS): "no stores" drops every
-score's store and histogram count. The copies compute wrong scores: they are timed,
-never checked (the kept kernels are checked against the op's reference first). Each launch is captured alone in a CUDA graph and timed over
-`--replays` replays with the L2 flushed before each, as `indexer_split.py` does. What
-a part costs is the kept launch's time less the copy's, an upper bound where the parts
-overlap. A scouting tool: its numbers say where to look, they are not results.
+A copy is the kept kernel file with edits (ABLATIONS): "no stores" drops every
+score's store and histogram count; "MMA only" (e4m3) drops the stores, the ReLU's
+conversion to bfloat16 and the N=8 head-sum MMAs too, leaving the TMA pipeline, the
+turns and the big MMAs. The copies compute wrong scores: they are timed, never
+checked (the kept kernels are checked against the op's reference first). Each launch
+is captured alone in a CUDA graph and timed over `--replays` replays with the L2
+flushed before each, as `indexer_split.py` does. What a part costs is the kept
+launch's time less the copy's, an upper bound where the parts overlap. A scouting tool: its numbers say where to look, they are not results.
 
 Needs torch and CuTe DSL (on PYTHONPATH) on a GPU.
 """
@@ -36,17 +38,43 @@ RECORD = '''    scores[row, token] = score
     digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
     cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
 '''
+HEAD_SUMS = '''    packed = cute.recast_tensor(relu, cutlass.Int32)
+    for i in cutlass.range_constexpr(cute.size(packed)):
+        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
+    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(cols // 16):
+        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
+    warpgroup.commit_group()
+'''
+# The end of _consume, where a warpgroup has waited for its last MMA.
+CONSUME_END = '''                             quad, reduce, lane_tokens, lane_scales)
+
+
+@cute.jit
+def _issue_turn('''
 # (label, [(text in the kept file, its replacement)]): the edits of each copy. A copy
 # keeps one use of what it no longer stores, one the compiler cannot prove dead (a score
 # of exactly -1e30), or it would drop the MMAs that feed it as well: a first try without
-# it timed the bf16 scores at 3.3 PFLOP/s. A copy without the e4m3 head sums cannot be
-# made this way: whatever keeps the accumulator alive reads it while the next tile's
-# wgmma writes it, and ptxas then serializes every wgmma (0.615 ms at 256K, where the
-# kept launch takes 0.243).
+# it timed the bf16 scores at 3.3 PFLOP/s. Without the head sums, the accumulator is
+# read once, after the warpgroup's last MMA: read inside the loop, while the next
+# tile's wgmma writes it, it made ptxas serialize every wgmma (0.615 ms at 256K, where
+# the kept launch takes 0.243).
 NO_STORES = (RECORD, """    if score == cutlass.Float32(-1.0e30):
         scores[row, token] = score
 """)
-ABLATIONS = {"logits_topk_cute": [("no stores", [NO_STORES])], "logits_topk_fp8_cute": [("no stores", [NO_STORES])]}
+NO_HEAD_SUMS = (HEAD_SUMS, "    warpgroup.commit_group()\n")
+READ_ACC_AT_END = (CONSUME_END, CONSUME_END.replace("\n\n\n", """
+    if acc[0] == cutlass.Float32(-1.0e30):
+        scores[0, 0] = acc[0]
+
+
+""", 1))
+ABLATIONS = {
+    "logits_topk_cute": [("no stores", [NO_STORES])],
+    "logits_topk_fp8_cute": [("no stores", [NO_STORES]), ("MMA only", [NO_STORES, NO_HEAD_SUMS, READ_ACC_AT_END])],
+}
 KEPT = {"dsa_indexer_topk": ("logits_topk_cute", BF16_KEPT), "dsa_indexer_topk_fp8": ("logits_topk_fp8_cute", FP8_KEPT)}
 
 
