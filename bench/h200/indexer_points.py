@@ -66,6 +66,33 @@ def check(op, forward) -> str | None:
     return None
 
 
+def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, reduce: str):
+    """(launch, scores, hist): a callable that launches a CuTe indexer module's scores
+    kernel alone on the op's inputs at these parameters, and the buffers it writes. The
+    e4m3 module (inputs with a k_scale) takes the keys' scales and compiles for e4m3."""
+    from cutlass.cute.runtime import from_dlpack
+
+    q, k, weights = inputs["q"], inputs["k"], inputs["weights"]
+    rows_m, heads, dim = q.shape
+    context, sms = k.shape[0], module._sms()
+    rows = module.mma_rows(rows, heads, schedule)
+    splits, _ = module._mma_splits(rows_m, context, rows, sms)
+    scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
+    hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device=q.device)
+    shape = (rows_m, heads, dim, context, rows, stages, sms, weights.dtype, schedule, reduce)
+    if "k_scale" in inputs:
+        kernel = module.compiled_scores_mma(*shape)
+        tensors = (q.view(rows_m * heads, dim), k, inputs["k_scale"], weights, scores, hist)
+    else:
+        kernel = module.compiled_scores_mma(q.dtype, *shape)
+        tensors = (q.view(rows_m * heads, dim), k, weights, scores, hist)
+    arguments = [from_dlpack(t, assumed_align=16) for t in tensors]
+
+    def launch(*_unused):
+        kernel(*arguments, module._stream(q))
+    return launch, scores, hist
+
+
 def capture_graph(forward, args: list) -> torch.cuda.CUDAGraph:
     """forward(*args) captured in a CUDA graph, after two calls on a side stream that
     compile and warm it up (capture cannot compile)."""

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from cutlass.cute.runtime import from_dlpack  # noqa: E402
-from indexer_points import ROOT, check, load, time_graph  # noqa: E402
+from indexer_points import ROOT, check, load, scores_launch, time_graph  # noqa: E402
 
 from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
 from runners.ops import get_op  # noqa: E402
@@ -66,28 +66,18 @@ def main() -> None:
     if wrong:
         raise SystemExit(f"logits_topk_cute is wrong: {wrong}")
     flush = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.float32, device="cuda")
-    sms = module._sms()
     hardware = hardware_key("cuda")
     table = []
     with args.out.open("w") as out:
         for context in (int(c) for c in args.ctx.split(",")):
             workload = op.workloads("cuda", [context], op.default_batch_sizes("cuda"))[0]
             inputs = op.make_inputs(workload, 11, "normal")
-            q, k, weights, topk = inputs["q"], inputs["k"], inputs["weights"], inputs["topk"]
-            rows_m, heads, dim = q.shape
+            q, topk = inputs["q"], inputs["topk"]
+            rows_m = q.shape[0]
             row = {"context": context, "floor_ms": floor_ms(op, workload, hardware)}
             row["forward_ms"] = statistics.median(time_graph(module.forward, inputs, args.replays, flush))
-            scores = torch.empty(rows_m, context, dtype=torch.float32, device="cuda")
             for rows, stages, schedule, reduce in SCORE_VARIANTS:
-                splits, _ = module._mma_splits(rows_m, context, rows, sms)
-                hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device="cuda")
-                kernel = module.compiled_scores_mma(
-                    q.dtype, rows_m, heads, dim, context, rows, stages, sms, weights.dtype, schedule, reduce)
-                tensors = [from_dlpack(t, assumed_align=16) for t in (q.view(rows_m * heads, dim), k, weights, scores, hist)]
-
-                def launch(*_unused, kernel=kernel, tensors=tensors):
-                    kernel(*tensors, module._stream(q))
-
+                launch, scores, hist = scores_launch(module, inputs, rows, stages, schedule, reduce)
                 key = f"scores ROWS={rows} STAGES={stages} {schedule} {reduce}"
                 row[key] = statistics.median(time_graph(launch, {}, args.replays, flush))
             # The select reads the scores and histograms of the last variant run.

@@ -27,8 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from cutlass.cute.runtime import from_dlpack  # noqa: E402
-from indexer_points import check, load, time_graph  # noqa: E402
+from indexer_points import check, load, scores_launch, time_graph  # noqa: E402
 from indexer_targets import BF16_KEPT, FP8_KEPT  # noqa: E402
 
 from runners.ops import get_op  # noqa: E402
@@ -86,31 +85,6 @@ def ablated(source: str, edits: list[tuple[str, str]]) -> str:
     return source
 
 
-def scores_launch(module, inputs: dict, fp8: bool):
-    """A callable that launches module's scores kernel alone on inputs, at its PARAMS."""
-    q, k, weights = inputs["q"], inputs["k"], inputs["weights"]
-    rows_m, heads, dim = q.shape
-    context = k.shape[0]
-    params, sms = module.PARAMS, module._sms()
-    rows = module.mma_rows(params["ROWS"], heads, params["SCHEDULE"])
-    splits, _ = module._mma_splits(rows_m, context, rows, sms)
-    scores = torch.empty(rows_m, context, dtype=torch.float32, device="cuda")
-    hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device="cuda")
-    if fp8:
-        kernel = module.compiled_scores_mma(rows_m, heads, dim, context, rows, params["STAGES"], sms,
-                                            weights.dtype, params["SCHEDULE"], params["REDUCE"])
-        tensors = (q.view(rows_m * heads, dim), k, inputs["k_scale"], weights, scores, hist)
-    else:
-        kernel = module.compiled_scores_mma(q.dtype, rows_m, heads, dim, context, rows, params["STAGES"], sms,
-                                            weights.dtype, params["SCHEDULE"], params["REDUCE"])
-        tensors = (q.view(rows_m * heads, dim), k, weights, scores, hist)
-    arguments = [from_dlpack(t, assumed_align=16) for t in tensors]
-
-    def launch():
-        kernel(*arguments, module._stream(q))
-    return launch
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ctx", type=int, default=262144)
@@ -134,8 +108,10 @@ def main() -> None:
                 wrong = check(op, module.forward)
                 if wrong:
                     raise SystemExit(f"{kernel} is wrong: {wrong}")
-            launch = scores_launch(module, inputs, op_name.endswith("fp8"))
-            ms = statistics.median(time_graph(lambda *_: launch(), {}, args.replays, flush))
+            params = module.PARAMS
+            launch, _, _ = scores_launch(module, inputs, params["ROWS"], params["STAGES"], params["SCHEDULE"],
+                                         params["REDUCE"])
+            ms = statistics.median(time_graph(launch, {}, args.replays, flush))
             rows.append({"op": op_name, "kernel": kernel, "copy": label, "context": args.ctx, "scores_ms": ms})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
