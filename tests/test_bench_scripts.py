@@ -133,7 +133,15 @@ def test_the_scores_ablation_still_finds_what_it_takes_out_of_each_kept_kernel()
         source = get_op(op_name).kernels()[kernel].read_text()
         for label, edits in ablation.ABLATIONS[kernel]:
             copy = ablation.ablated(source, edits)
-            assert copy != source and "cute.arch.atomic_add(hist.iterator" not in copy, (kernel, label)
+            assert copy != source, (kernel, label)
+            stores = "cute.arch.atomic_add(hist.iterator" in copy
+            assert stores == (ablation.NO_STORES not in edits), (kernel, label)
     with pytest.raises(SystemExit, match="no longer holds"):
         ablation.ablated("def _record(): pass", [ablation.NO_STORES])
 
+
+
+def test_the_head_sum_precision_simulation_passes_the_kept_rounding_and_fails_e4m3():
+    output = _run("head_sum_precision.py", "--ctx", "4096")
+    assert "| 4K | bf16 (kept) | pass:" in output
+    assert "| 4K | e4m3 scores | FAIL:" in output

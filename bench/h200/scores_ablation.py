@@ -2,12 +2,18 @@
 scores launch timed alone, beside copies of it with part of its work taken out.
 
     python3 bench/h200/scores_ablation.py [--ctx 262144] [--replays 30] [--out ablation.jsonl]
+        [--files '[["label", "dsa_indexer_topk_fp8", "path/to/kernel.py"]]']
 
 A copy is the kept kernel file with edits (ABLATIONS): "no stores" drops every
 score's store and histogram count; "MMA only" (e4m3) drops the stores, the ReLU's
 conversion to bfloat16 and the N=8 head-sum MMAs too, leaving the TMA pipeline, the
-turns and the big MMAs. The copies compute wrong scores: they are timed, never
-checked (the kept kernels are checked against the op's reference first). Each launch
+turns and the big MMAs; "4 head-sum MMAs" and "1 head-sum MMA" (e4m3) issue only the
+first half, or the first, of the eight N=8 head-sum MMAs a tile (the conversions
+that fed the others go with them). --files adds other kernel files' scores launches
+at their own PARAMS (variants, say), timed the same way, after the op's copies. The
+copies compute wrong scores: they are timed, never checked (the kept kernels are
+checked against the op's reference first; a file given with --files is checked only
+where `indexer_targets.py --files` times it). Each launch
 is captured alone in a CUDA graph and timed over `--replays` replays with the L2
 flushed before each, as `indexer_split.py` does. What a part costs is the kept
 launch's time less the copy's, an upper bound where the parts overlap. A scouting tool: its numbers say where to look, they are not results.
@@ -64,6 +70,9 @@ NO_STORES = (RECORD, """    if score == cutlass.Float32(-1.0e30):
         scores[row, token] = score
 """)
 NO_HEAD_SUMS = (HEAD_SUMS, "    warpgroup.commit_group()\n")
+HEAD_SUM_LOOP = "    for kb in cutlass.range_constexpr(cols // 16):\n        head_mma.set("
+HALF_THE_HEAD_SUMS = (HEAD_SUM_LOOP, HEAD_SUM_LOOP.replace("cols // 16", "cols // 32"))
+ONE_HEAD_SUM = (HEAD_SUM_LOOP, HEAD_SUM_LOOP.replace("cols // 16", "1"))
 READ_ACC_AT_END = (CONSUME_END, CONSUME_END.replace("\n\n\n", """
     if acc[0] == cutlass.Float32(-1.0e30):
         scores[0, 0] = acc[0]
@@ -72,7 +81,12 @@ READ_ACC_AT_END = (CONSUME_END, CONSUME_END.replace("\n\n\n", """
 """, 1))
 ABLATIONS = {
     "logits_topk_cute": [("no stores", [NO_STORES])],
-    "logits_topk_fp8_cute": [("no stores", [NO_STORES]), ("MMA only", [NO_STORES, NO_HEAD_SUMS, READ_ACC_AT_END])],
+    "logits_topk_fp8_cute": [
+        ("no stores", [NO_STORES]),
+        ("MMA only", [NO_STORES, NO_HEAD_SUMS, READ_ACC_AT_END]),
+        ("4 head-sum MMAs", [HALF_THE_HEAD_SUMS]),
+        ("1 head-sum MMA", [ONE_HEAD_SUM]),
+    ],
 }
 KEPT = {"dsa_indexer_topk": ("logits_topk_cute", BF16_KEPT), "dsa_indexer_topk_fp8": ("logits_topk_fp8_cute", FP8_KEPT)}
 
@@ -90,6 +104,8 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=262144)
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("ablation.jsonl"))
+    parser.add_argument("--files", type=json.loads, default=[],
+                        help="[[label, op, kernel file]]: more scores launches, at each file's PARAMS")
     args = parser.parse_args()
     flush = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.float32, device="cuda")
     scratch = Path(tempfile.mkdtemp(prefix="scores-ablation-"))
@@ -100,6 +116,7 @@ def main() -> None:
         workload = op.workloads("cuda", [args.ctx], op.default_batch_sizes("cuda"))[0]
         inputs = op.make_inputs(workload, 11, "normal")
         copies = [("kept", kept_source)] + [(label, ablated(kept_source, edits)) for label, edits in ABLATIONS[kernel]]
+        copies += [(label, Path(path).read_text()) for label, file_op, path in args.files if file_op == op_name]
         for index, (label, source) in enumerate(copies):
             file = scratch / f"{kernel}_{index}.py"
             file.write_text(source)
