@@ -140,7 +140,6 @@ def test_the_scores_ablation_still_finds_what_it_takes_out_of_each_kept_kernel()
         ablation.ablated("def _record(): pass", [ablation.NO_STORES])
 
 
-
 def test_the_head_sum_precision_simulation_passes_the_kept_rounding_and_fails_e4m3():
     output = _run("head_sum_precision.py", "--ctx", "4096")
     assert "| 4K | bf16 (kept) | pass:" in output
