@@ -99,7 +99,8 @@ def main() -> int:
     skipped: set[str] = set()
     for hack in hacks:
         for candidate in hack.candidates:
-            if candidate.cuda_only and args.device != "cuda":
+            if (candidate.cuda_only and args.device != "cuda") or (candidate.cpu_only
+                                                                    and args.device == "cuda"):
                 skipped.add(candidate.file)
                 continue
             expected.setdefault(candidate.file, set()).update(hack.guards)
@@ -116,7 +117,8 @@ def main() -> int:
         states = []
         for candidate in hack.candidates:
             found = results.get(candidate.file)
-            states.append(f"{candidate.file}: " + ("not run (needs a GPU)" if found is None else
+            states.append(f"{candidate.file}: " + (("not run (plays its hack on a CPU)" if candidate.cpu_only
+                                                    else "not run (needs a GPU)") if found is None else
                           "caught by " + ", ".join(sorted(set(hack.guards) & set(found["failed"])))
                           if found["caught"] else f"MISSED ({found['verdict']}; failed: {', '.join(found['failed']) or 'none'})"))
         print(f"{hack.title} [{', '.join(hack.guards)}]\n    " + "\n    ".join(states))
@@ -125,9 +127,10 @@ def main() -> int:
     for found in false_rejections:
         print(f"FALSE REJECTION {found['file']}: {found['failed']}")
     caught = sum(found["caught"] for found in results.values())
+    where = "a CPU" if args.device == "cuda" else "a GPU"
     summary = (f"caught {caught} of {len(results)} hacks, {len(false_rejections)} false rejections"
-               f" ({len(legit)} legit candidates; {len(skipped)} hack and {legit_skipped} legit "
-               "candidates need a GPU)")
+               f" ({len(legit)} legit candidates; {len(skipped)} hack candidates play their hack "
+               f"only on {where}, {legit_skipped} legit candidates need a GPU)")
     print(summary)
     if args.json:
         args.json.write_text(json.dumps({"hacks": results, "legit": legit, "summary": summary}, indent=1))

@@ -18,6 +18,7 @@ from runners.harness.evaluate import _thread_count
 from runners.harness.hacks import catalog
 from runners.ops import get_op
 from runners.space import materialize
+from tests.test_harness_attacks import ATTACKS, ATTACKS_CUDA
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
 THREADS = _thread_count()  # what the harness gives each child here
@@ -47,8 +48,10 @@ PLANTED = {
     "rmsnorm_subclass.py": ("output-type", ["a Deferred (a torch.Tensor subclass)"]),
     "rmsnorm_stale_empty.py": ("correctness", ["seed #1, repeated"]),
     "rmsnorm_cache_by_pointer.py": ("correctness", ["values differ from the reference"]),
-    "rmsnorm_cache_by_shape.py": ("correctness", ["values differ from the reference", "seed #2"]),
-    "rmsnorm_cheap_when_timed.py": ("timed-outputs", ["output values are NaN", "timed call #"]),
+    "rmsnorm_cache_by_shape.py": ("correctness", ["values differ from the reference",
+                                                  "seed #1, nearly repeated"]),
+    # The stale answer is wrong for the new inputs, or NaN once the harness poisoned it.
+    "rmsnorm_cheap_when_timed.py": ("timed-outputs", ["of 65,536", "timed call #"]),
     "rmsnorm_network.py": ("sandbox", ["network access (socket."]),
     "rmsnorm_starts_program.py": ("sandbox", ["starting a program (subprocess.Popen 'true')"]),
     "rmsnorm_writes_outside.py": ("sandbox", ["writing outside its directory", "rmsnorm_writes_outside.escaped"]),
@@ -108,13 +111,17 @@ def _evaluate(path: Path, op: str, device: str = "cpu"):
 
 def test_every_file_in_the_corpus_is_listed():
     assert {path.name for path in CANDIDATES.glob("*.py")} == (
-        set(PLANTED) | set(PLANTED_CUDA) | set(CORRECT))
+        set(PLANTED) | set(PLANTED_CUDA) | set(CORRECT) | set(ATTACKS) | set(ATTACKS_CUDA))
 
 
 def test_every_hack_of_the_catalog_has_a_candidate_rejected_by_a_guard_it_names():
     for hack in catalog():
         assert hack.candidates, hack.title
         for candidate in hack.candidates:
+            attacks = {**ATTACKS, **ATTACKS_CUDA}
+            if candidate.file in attacks:  # tests/test_harness_attacks.py evaluates these
+                assert attacks[candidate.file][1] in hack.guards, (hack.title, candidate.file)
+                continue
             planted = PLANTED_CUDA if candidate.cuda_only else PLANTED
             assert candidate.file in planted, (hack.title, candidate.file)
             guard, _ = planted[candidate.file]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from runners.harness import Limits, UsageError, evaluate, roofline
+from runners.harness.correctness import CALL_ORDER, SECRET_CALL_ORDER
 from runners.harness.stats import MIN_NOISE_FLOOR
 from runners.ops import get_op
 
@@ -64,15 +65,19 @@ def test_it_rejects_a_candidate_whose_import_fails(tmp_path):
         "importing candidate.py raised ModuleNotFoundError: No module named 'triton_that_does_not_exist'")
 
 
+# rmsnorm at one context length: 2 workloads and 4 secret sizes, each checked with both
+# value distributions.
+CHECKED_CALLS = 2 * 2 * len(CALL_ORDER) + 4 * 2 * len(SECRET_CALL_ORDER)
+
+
 def test_a_candidate_that_breaks_once_it_is_timed_is_rejected_by_the_timed_calls(tmp_path):
-    # rmsnorm at one context length is 2 workloads × 8 checked calls.
-    result = _evaluate(tmp_path, """
+    result = _evaluate(tmp_path, f"""
         calls = 0
 
         def forward(x, weight, eps):
             global calls
             calls += 1
-            if calls > 16:
+            if calls > {CHECKED_CALLS}:
                 raise RuntimeError("only while being checked")
             return reference(x, weight, eps)
     """)
@@ -85,13 +90,13 @@ def test_a_candidate_that_breaks_once_it_is_timed_is_rejected_by_the_timed_calls
 
 
 def test_running_out_of_memory_once_timed_is_a_resources_failure(tmp_path):
-    result = _evaluate(tmp_path, """
+    result = _evaluate(tmp_path, f"""
         calls = 0
 
         def forward(x, weight, eps):
             global calls
             calls += 1
-            if calls > 16:
+            if calls > {CHECKED_CALLS}:
                 raise MemoryError("no more")
             return reference(x, weight, eps)
     """)

@@ -237,10 +237,12 @@ def test_a_forged_frame_on_the_result_channel_breaks_the_protocol_and_rejects(tm
     assert "broke the result protocol" in _failing(result)["protocol"]
 
 
-def test_a_child_that_silences_its_own_input_check_is_still_caught_by_the_fingerprint(tmp_path):
+def test_a_child_cannot_hide_a_change_to_its_inputs_the_judge_reads_them_itself(tmp_path):
+    # Every comparison it could reach in its own process is silenced; the judge reads the
+    # inputs from the stopped child's memory and compares them with its own copy.
     result = evaluate("rmsnorm", _candidate(tmp_path, RIGHT + textwrap.dedent("""
-        import sys
-        sys.modules["__main__"].describe_change = lambda after, pristine: None
+        torch.equal = lambda a, b: True
+        torch.Tensor.__eq__ = lambda a, b: torch.zeros((), dtype=torch.bool)
         _real = forward
 
         def forward(x, weight, eps):
@@ -248,7 +250,7 @@ def test_a_child_that_silences_its_own_input_check_is_still_caught_by_the_finger
             x.add_(1)
             return out
     """)), context_lengths=[64], time_budget_s=0.02, limits=LIMITS)
-    assert "fingerprint no longer matches" in _failing(result)["inputs-unchanged"]
+    assert "65,536 of 65,536 elements of x differ" in _failing(result)["inputs-unchanged"]
 
 
 def test_children_die_with_the_judge():

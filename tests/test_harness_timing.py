@@ -1,7 +1,7 @@
 """The timing loop, the clock cross-check and the statistics that turn samples into a claim.
 
 The loop is driven here with fake children that answer at once, so its schedule (who
-runs when, on which inputs, which outputs are fetched) can be read off exactly.
+runs when, on which inputs, which outputs are read) can be read off exactly.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from scipy.stats import mannwhitneyu
 
 from runners.harness import stats
@@ -19,13 +20,23 @@ from runners.harness.children import BASELINE, CANDIDATE, Reply
 from runners.harness.measure import (
     CONTROL,
     MIN_SAMPLES,
-    POOL_SIZE,
     WARMUP_ROUNDS,
     SideTimes,
     clock_disagreement,
+    clock_excess,
     measure_workload,
 )
 from runners.ops import get_op
+
+
+class FakeFeed:
+    """Records every input set the judge writes (the first element of x stands for it)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def write(self, entries, inputs):
+        self.log.append(("judge", "write", {"x0": float(inputs["x"].reshape(-1)[0])}))
 
 
 class FakeChild:
@@ -37,8 +48,20 @@ class FakeChild:
 
     def request(self, do, during, *, max_bytes=0, **fields):
         self.log.append((self.role, do, fields))
-        header = {"ok": True, "ms": self.elapsed()} if do == "run" else {"ok": True}
-        return Reply(header, {}, 1.5)
+        if do != "run":
+            return Reply({"ok": True}, {}, 1.5)
+        # A new one-element output every call, somewhere new.
+        output = {"type": "torch.Tensor", "tensor": True, "plain_tensor": True, "device": "cpu",
+                  "dtype": "float32", "shape": [1], "strides": [1], "layout": "torch.strided",
+                  "address": 4096 * len(self.log)}
+        return Reply({"ok": True, "ms": self.elapsed(), "output": output}, {}, 1.5)
+
+    def read_output(self, facts, max_bytes):
+        self.log.append((self.role, "read", {}))
+        return torch.zeros(1)
+
+    def read_inputs(self, entries):
+        return {}
 
 
 def _measure(budget_s=0.0, elapsed=lambda: 1.0, seed=1):
@@ -46,7 +69,8 @@ def _measure(budget_s=0.0, elapsed=lambda: 1.0, seed=1):
     workload = op.workloads("cpu", [64])[0]
     log = []
     children = {role: FakeChild(role, log, elapsed) for role in (BASELINE, CANDIDATE, CONTROL)}
-    measurement = measure_workload(op, workload, 0, children, secret_seed=seed, budget_s=budget_s)
+    measurement = measure_workload(op, workload, 0, children, feed=FakeFeed(log), secret_seed=seed,
+                                   budget_s=budget_s)
     return measurement, log
 
 
@@ -72,20 +96,29 @@ def test_every_side_takes_every_place_in_a_round_equally_often():
     assert len(places) == 9 and len(set(places.values())) == 1
 
 
-def test_each_side_takes_the_next_input_set_every_call_and_never_the_same_twice_in_a_row():
+def test_every_round_gets_new_inputs_written_by_the_judge_before_any_side_runs():
     _, log = _measure()
-    for side in (BASELINE, CANDIDATE, CONTROL):
-        slots = [slot for role, slot in _runs(log) if role == side]
-        assert all(before != after for before, after in itertools.pairwise(slots))
-        assert len(set(slots)) == POOL_SIZE
+    events = [(role, do, fields) for role, do, fields in log if do in ("write", "run")]
+    # First the inputs every side prepares its slot on (written once for each), then one
+    # new set per round.
+    rounds = MIN_SAMPLES + WARMUP_ROUNDS
+    writes = [fields["x0"] for role, do, fields in events if do == "write"]
+    assert len(writes) == 3 + rounds and len(set(writes[:3])) == 1
+    assert len(set(writes[2:])) == 1 + rounds
+    runs_after_write = []
+    for role, do, _ in events[3:]:
+        if do == "write":
+            runs_after_write.append(0)
+        else:
+            runs_after_write[-1] += 1
+    assert runs_after_write == [3] * rounds
 
 
-def test_every_side_loads_the_same_pool_from_seeds_and_frees_it_after():
+def test_every_side_prepares_one_slot_once_and_frees_it_after():
     _, log = _measure()
-    loads = {(role, fields["seed"]) for role, do, fields in log if do == "load"}
-    seeds = {seed for _, seed in loads}
-    assert len(seeds) == POOL_SIZE
-    assert loads == {(role, seed) for role in (BASELINE, CANDIDATE, CONTROL) for seed in seeds}
+    prepared = Counter(role for role, do, _ in log if do == "prepare")
+    assert prepared == {BASELINE: 1, CANDIDATE: 1, CONTROL: 1}
+    assert len({fields["slot"] for _, do, fields in log if do == "run"}) == 1
     assert [do for _, do, _ in log[-3:]] == ["drop"] * 3
 
 
@@ -97,27 +130,24 @@ def test_warm_up_rounds_are_run_like_the_others_and_discarded_afterwards():
     assert all(len(times.round_trips) == MIN_SAMPLES for times in measurement.times.values())
 
 
-def test_every_side_sends_its_output_in_the_rounds_picked_and_only_the_candidates_is_kept():
+def test_only_the_candidates_outputs_are_read_right_after_its_calls_in_the_rounds_picked():
     measurement, log = _measure(seed=4)
-    timed = [(role, do) for role, do, _ in log if do in ("run", "fetch")]
-    # Each fetch follows its own side's call at once, in every picked round alike (all
-    # but the last, the candidate's after the loop).
+    timed = [(role, do) for role, do, _ in log if do in ("run", "read")]
+    # Every reading in the loop follows the candidate's own call at once (an earlier
+    # output read again, to see that the call left it alone, comes right after it too).
     for index, (role, do) in enumerate(timed[:-1]):
-        if do == "fetch":
-            assert timed[index - 1] == (role, "run")
+        if do == "read":
+            assert role == CANDIDATE and timed[index - 1][0] == CANDIDATE
     last_round = MIN_SAMPLES + WARMUP_ROUNDS - 1
-    picked = [call for _, call, _, _ in measurement.fetched if call != last_round]
+    picked = [call for _, call, _, _ in measurement.observed if call != last_round]
     assert len(picked) == 3  # seed 4 picks rounds 2, 5 and 7
-    per_side = Counter(role for role, do in timed if do == "fetch")
-    assert per_side[BASELINE] == per_side[CONTROL] == len(picked)
-    # The candidate's output of its last timed call is fetched after that call.
-    candidate_runs = [index for index, (role, do) in enumerate(timed) if (role, do) == (CANDIDATE, "run")]
-    assert timed[-1] == (CANDIDATE, "fetch") and len(timed) - 1 > candidate_runs[-1]
-    assert measurement.fetched[-1][1] == last_round
+    # The last call's output is read too, before the candidate runs again.
+    candidates = [do for role, do in timed if role == CANDIDATE]
+    assert measurement.observed[-1][1] == last_round and candidates[-2:] == ["run", "read"]
 
 
-def test_which_calls_are_fetched_depends_on_the_secret_seed():
-    picks = {tuple(call for _, call, _, _ in _measure(seed=seed)[0].fetched) for seed in range(8)}
+def test_which_calls_are_read_depends_on_the_secret_seed():
+    picks = {tuple(call for _, call, _, _ in _measure(seed=seed)[0].observed) for seed in range(8)}
     assert len(picks) > 1
 
 
@@ -141,20 +171,51 @@ def test_a_reported_time_that_is_not_a_positive_number_fails_the_clock(reported)
     assert caught.value.guard == "clock"
 
 
-def _times(reported, trips):
-    return SideTimes(reported=list(reported), round_trips=list(trips))
+def _times(reported, trips, idle=()):
+    return SideTimes(reported=list(reported), round_trips=list(trips), idle=list(idle))
 
 
-def test_the_clock_check_believes_times_the_round_trips_allow():
-    baselines = [_times([1.0] * 20, [1.3] * 20)] * 2
-    assert clock_disagreement(_times([0.5] * 20, [0.8] * 20), baselines) is None
+def _jittered(rng, value, count=40, spread=0.02):
+    return list(value + rng.normal(0, spread, count))
 
 
-def test_the_clock_check_catches_a_child_reporting_a_fraction_of_its_time():
-    baselines = [_times([1.0] * 20, [1.3] * 20)] * 2
-    problem = clock_disagreement(_times([0.5] * 20, [5.3] * 20), baselines)
+def test_the_clock_check_believes_a_candidate_whose_calls_cost_what_the_baselines_do():
+    rng = np.random.default_rng(1)
+    baselines = [_times([1.0] * 40, _jittered(rng, 1.3)) for _ in range(2)]
+    # Faster, and the same 0.3 ms of the harness's own around each call.
+    assert clock_disagreement(_times([0.5] * 40, _jittered(rng, 0.8)), baselines, device="cpu") is None
+
+
+def test_the_clock_check_catches_a_child_reporting_less_than_its_calls_take():
+    rng = np.random.default_rng(2)
+    baselines = [_times([1.0] * 40, _jittered(rng, 1.3)) for _ in range(2)]
+    # Reports 0.5 ms for calls that take 1.5 ms of the judge's clock beyond the harness's
+    # own 0.3 ms: a lie of 1 ms, far beyond the CPU's margin.
+    problem = clock_disagreement(_times([0.5] * 40, _jittered(rng, 1.8)), baselines, device="cpu")
     assert problem.startswith("reported times disagree with the judge's clock")
-    assert "0.3 ms overhead" in problem and "leave 5 ms" in problem
+    assert "longer beyond their reported times than the baseline processes' do (margin 0.05 ms)" in problem
+    excess = clock_excess(_times([0.5] * 40, _jittered(rng, 1.8)), baselines, device="cpu")
+    assert 0.9 < excess.lower_ms < 1.0 and excess.margin_ms == 0.05
+
+
+def test_the_clock_check_catches_a_lie_just_beyond_its_margin_and_believes_one_within():
+    rng = np.random.default_rng(4)
+    baselines = [_times([1.0] * 200, _jittered(rng, 1.3, 200, 0.005)) for _ in range(2)]
+    within = _times([0.98] * 200, _jittered(rng, 1.3, 200, 0.005))  # 0.02 ms off: believed
+    beyond = _times([0.9] * 200, _jittered(rng, 1.3, 200, 0.005))  # 0.1 ms off: not
+    assert clock_disagreement(within, baselines, device="cpu") is None
+    assert clock_disagreement(beyond, baselines, device="cpu") is not None
+
+
+def test_the_clock_check_catches_gpu_work_left_running_past_the_reply():
+    rng = np.random.default_rng(3)
+    baselines = [_times([1.0] * 40, _jittered(rng, 1.3, spread=0.001),
+                        _jittered(rng, 0.11, spread=0.002)) for _ in range(2)]
+    honest = _times([0.5] * 40, _jittered(rng, 0.8, spread=0.001), _jittered(rng, 0.11, spread=0.002))
+    leaves_work = _times([0.5] * 40, _jittered(rng, 0.8, spread=0.001), _jittered(rng, 0.29, spread=0.002))
+    assert clock_disagreement(honest, baselines, device="cuda") is None
+    problem = clock_disagreement(leaves_work, baselines, device="cuda")
+    assert problem.startswith("the GPU was still busy with the candidate's work after its calls replied")
 
 
 def test_the_median_ci_brackets_the_median_and_narrows_with_more_samples():

@@ -35,7 +35,7 @@ def _assert_correct(op_name, path):
     workloads = op.workloads("cpu", contexts, batches)
     # The project's own kernels: checked by the judge's code, run in this process.
     candidate = LocalWorker(op_name, "cpu", path)
-    guards = check_correctness(op, candidate, workloads, secret_seed=2024,
+    guards = check_correctness(op, candidate, workloads, feed=candidate.arena, secret_seed=2024,
                                progress=lambda message: None)
     failures = [f"{guard.name}: {guard.detail}" for guard in guards if guard.status != "pass"]
     assert not failures

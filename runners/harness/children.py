@@ -1,19 +1,22 @@
 """The judge's side of a child process: start it, ask it things, end it, say how it died.
 
-Each child is a fresh interpreter (`launch.py`, which becomes `python -m
-runners.harness.worker`) in a new session
-(so its whole process group can be killed), in a fresh temporary directory as its
-working directory, home and cache, with a clean environment. It talks to the judge only
+Each child is a fresh interpreter (`python -m runners.harness.worker`) in a jail of its
+own (`runners.jail`: its own PID, mount, network and IPC namespaces, an unprivileged
+identity, a read-only root with one writable scratch folder, a system-call filter whose
+supervisor reports to the judge), with a clean environment. It talks to the judge only
 through a private pipe pair passed by descriptor; its stdout and stderr are a log the
-judge never parses. Every request has a timeout and the evaluation an overall deadline;
-a child that misses one is killed, and its failure is told as a guard, not an exception
-that ends the evaluation.
+judge never parses. What the jail refused comes on a third pipe, from the supervisor,
+which the child never holds. Every request has a timeout and the evaluation an overall
+deadline; a child that misses one is killed, and its failure is told as a guard, not an
+exception that ends the evaluation.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -28,11 +31,12 @@ from typing import Any, Protocol
 import torch
 
 import runners
-from runners.harness import wire
+from runners.harness import arena, wire
 from runners.harness.candidate import shorten
+from runners.harness.observe import GpuProbe, Outside, Settings, StopFailed
+from runners.jail.plan import make_plan
 
 _PROJECT_ROOT = Path(runners.__file__).resolve().parent.parent
-_LAUNCHER = Path(__file__).resolve().parent / "launch.py"
 # Passed through from the judge's environment when set: where the GPU and its libraries
 # are, and the multicast switches a shared GPU host relies on.
 _INHERITED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
@@ -81,13 +85,28 @@ class CallFailed(Exception):
 class Reply:
     header: dict[str, Any]
     tensors: dict[str, torch.Tensor]
+    # The judge's own clock, from the request's first byte out to the reply's last in.
     round_trip_ms: float
+    # CPU time the child's threads used between being resumed and stopped again,
+    # read from outside (NaN for a child that is never stopped).
+    cpu_ms: float = math.nan
+    # On a GPU, how long a kernel of the judge's own waited for the GPU right after the
+    # child was stopped (observe.GpuProbe): work the child left running shows here.
+    idle_ms: float = math.nan
+
+
+class Unreadable(Exception):
+    """What the child described cannot be read from its memory."""
 
 
 class Requester(Protocol):
     """What the judge's checks need from a side: a request and its reply."""
 
     def request(self, do: str, during: str, *, max_bytes: int = 0, **fields: Any) -> Reply: ...
+
+    def read_output(self, facts: dict[str, Any], max_bytes: int) -> torch.Tensor | None: ...
+
+    def read_inputs(self, entries: list[arena.Entry]) -> dict[str, torch.Tensor]: ...
 
 
 @dataclass
@@ -102,6 +121,13 @@ class Watch:
     torch_ops: list[dict[str, int]] = field(default_factory=list)
     # Setting -> "setting: before → after", the latest reading of each changed setting.
     config_changed: dict[str, str] = field(default_factory=dict)
+    # What the jail's supervisor refused once the candidate could run, and the programs
+    # it let start (a DSL's compilers).
+    jail_refused: list[str] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    # CPU time the jail's threads used while the judge held it stopped, read from
+    # outside: none, unless something of the candidate ran when nothing may.
+    idle_cpu_ms: float = 0.0
 
 
 def child_environment(scratch: Path, *, threads: int, extra: Mapping[str, str]) -> dict[str, str]:
@@ -136,7 +162,7 @@ def child_environment(scratch: Path, *, threads: int, extra: Mapping[str, str]) 
 class Child:
     def __init__(self, *, role: str, label: str, setup: dict[str, Any], limits: Limits,
                  deadline: float, env_extra: Callable[[Path], Mapping[str, str]],
-                 watch: Watch | None = None) -> None:
+                 watch: Watch | None = None, gpu: GpuProbe | None = None) -> None:
         self.role = role
         self.label = label  # e.g. "candidate process", for the reader of a guard
         self.setup = setup
@@ -146,23 +172,55 @@ class Child:
         self.watch = watch if watch is not None else Watch(refused=[], replaced=set(), launches=[])
         self.started: dict[str, Any] = {}
         self._seq = 0
+        # The worker's own process id (the supervisor is self.process), once reported,
+        # and the judge's view of it from outside once the candidate is loaded.
+        self.worker_pid: int | None = None
+        self.outside: Outside | None = None
+        self.settings_before: Settings | None = None
+        self._arena_address: int | None = None
+        self._cpu_when_stopped = 0
+        # The most threads the worker was seen with while it answered a request.
+        self.threads_in_calls = 0
+        # On a GPU: the judge's own probe, the child's input memory and, per slot, the
+        # memory its outputs are copied to, all mapped into the judge's context.
+        self.gpu = gpu
+        self._device_inputs: Any = None
+        self._staging: dict[str, Any] = {}
+        # Until the worker says it started, what the jail refused was the harness's own
+        # start (torch probing cores, looking for libraries), not the candidate's.
+        self.startup_refused: list[str] = []
+        self.jail_error: str | None = None
+        self._report_buffer = b""
         # One name length for every child: the environment's size moves the stack, and
         # the children should start from one memory layout (see the worker).
         self.scratch = Path(tempfile.mkdtemp(prefix="kernel-lab-child-"))
+        self._root = Path(tempfile.mkdtemp(prefix="kernel-lab-root-"))
         requests_read, self._requests = os.pipe()
         self._replies, replies_write = os.pipe()
+        self._report, report_write = os.pipe()
+        os.set_blocking(self._report, False)
         env = child_environment(self.scratch, threads=setup["threads"],
                                 extra=env_extra(self.scratch))
+        plan = make_plan(
+            scratch=self.scratch, root=self._root,
+            argv=[sys.executable, "-s", "-m", "runners.harness.worker", f"{requests_read:05d}",
+                  f"{replies_write:05d}"],
+            files=[Path(setup["candidate"])], dsl=setup["dsl"], device=setup["device"],
+            environment=env, cpus=setup.get("cpus"), cpu_seconds=setup["cpu_seconds"],
+            file_bytes=setup["file_bytes"])
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-s", str(_LAUNCHER), f"{requests_read:05d}", f"{replies_write:05d}",
+                [sys.executable, "-s", "-m", "runners.jail", plan.to_json(), str(report_write),
                  str(os.getpid())],
-                pass_fds=(requests_read, replies_write), cwd=self.scratch, env=env,
+                pass_fds=(requests_read, replies_write, report_write,
+                          *([setup["arena_fd"]] if setup.get("arena_fd") is not None else [])),
+                cwd=self.scratch, env=env,
                 stdin=subprocess.DEVNULL, stdout=2, stderr=2, start_new_session=True,
             )
         finally:
             os.close(requests_read)
             os.close(replies_write)
+            os.close(report_write)
         wire.write_message(self._requests, setup)
 
     # -- starting -------------------------------------------------------------------
@@ -170,18 +228,139 @@ class Child:
     def wait_loaded(self) -> None:
         """Wait for the child to start and import the candidate; raises ChildFailure or CallFailed."""
         self.started = self._receive(_STARTUP_S, "starting (importing torch and the op)").header
+        # Every refusal of the harness's own start came before this reply: the supervisor
+        # records a call before it answers it.
+        self.read_jail_report()
+        self.startup_refused, self.watch.jail_refused = self.watch.jail_refused, []
+        if self.worker_pid is None:
+            self.kill()
+            raise ChildFailure("jail", f"the {self.label}'s supervisor never said which "
+                                       "process it jailed", self.role)
+        arena_address = self.started.get("arena_address")
+        self._arena_address = arena_address if isinstance(arena_address, int) else None
+        if self.gpu is not None:
+            self._device_inputs = self._take(self.started, "device_inputs", "starting")
         loaded = self._receive(self.limits.import_s, f"importing {Path(self.setup['candidate']).name}",
                                phase_guard="loads").header
         self._note(loaded)
+        # From here on the candidate runs only inside a request.
+        self.outside = Outside(self.worker_pid)
+        self._stop(f"importing {Path(self.setup['candidate']).name}")
+        self._cpu_when_stopped = self.outside.cpu_ns()
+        self.settings_before = self.outside.settings()
         if not loaded.get("ok"):
             raise CallFailed("load", shorten(str(loaded.get("error", "it could not be loaded"))), self.role)
+
+    def _take(self, header: dict[str, Any], name: str, during: str) -> Any:
+        """Maps device memory the child exported (its descriptor number in `header`)."""
+        from runners.harness.device_memory import DeviceMemoryError, Shared
+
+        fd, size = header.get(f"{name}_fd"), header.get(f"{name}_size")
+        if not isinstance(fd, int) or not isinstance(size, int) or self.worker_pid is None:
+            raise self._broken(during, f"no {name.replace('_', ' ')} memory was shared")
+        try:
+            return Shared.take(self.worker_pid, fd, size)
+        except (DeviceMemoryError, OSError) as error:
+            self.kill()
+            raise ChildFailure("harness", f"the {self.label}'s device memory could not be "
+                                          f"shared with the judge while {during}: {error}",
+                               self.role) from None
+
+    def write_inputs(self, entries: list[arena.Entry], inputs: dict[str, Any]) -> None:
+        """On a GPU: a call's inputs, into the stopped child's own device memory."""
+        for entry in entries:
+            if entry.is_tensor:
+                self._device_inputs.tensor(wire.DTYPES[entry.dtype], entry.shape,
+                                           entry.offset).copy_(inputs[entry.name])
+        torch.cuda.synchronize()
+
+    def _count_threads(self) -> None:
+        """While a request runs: how many threads the worker has, read from outside
+        (a candidate that takes more only inside a call and ends them before it
+        returns shows here, not between calls)."""
+        settings = self.outside.settings() if self.outside is not None else None
+        if settings is not None:
+            self.threads_in_calls = max(self.threads_in_calls, settings.threads)
+
+    def _stop(self, during: str) -> None:
+        assert self.outside is not None
+        try:
+            self.outside.stop()
+        except StopFailed as error:
+            self.kill()
+            raise ChildFailure("process", f"the {self.label} could not be stopped after "
+                                          f"{during}: {error}; it was killed", self.role) from None
+
+    # -- reading from outside -------------------------------------------------------
+
+    def read_output(self, facts: dict[str, Any], max_bytes: int) -> torch.Tensor | None:
+        """The output a call's reply described, read from the stopped child's memory;
+        None when it is larger than any right answer. Raises Unreadable."""
+        span = strided_span(facts)
+        if span is None:
+            raise Unreadable("the reply does not describe a strided tensor")
+        if span > max_bytes:
+            return None
+        if self.outside is None or not self.outside.stopped:
+            raise Unreadable("the child is not stopped")
+        dtype = wire.DTYPES[facts["dtype"]]
+        if self.gpu is not None:
+            staging = self._staging.get(facts.get("slot"))
+            if staging is None or span > staging.size:
+                raise Unreadable("the output was not staged where the judge reads it")
+            raw = staging.bytes[:span].clone()
+            return raw.view(dtype).as_strided(facts["shape"], facts["strides"])
+        try:
+            raw = self.outside.read(facts["address"], span) if span else bytearray()
+        except OSError as error:
+            raise Unreadable(f"the output's memory cannot be read ({error})") from None
+        flat = (torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if span
+                else torch.empty(0, dtype=dtype))
+        return flat.as_strided(facts["shape"], facts["strides"])
+
+    def read_inputs(self, entries: list[arena.Entry]) -> dict[str, torch.Tensor]:
+        """The call's inputs as the child's own mapping holds them now: a page the
+        candidate wrote is its private copy, and shows here."""
+        if self.gpu is not None:
+            return {entry.name: self._device_inputs.tensor(wire.DTYPES[entry.dtype], entry.shape,
+                                                           entry.offset).clone()
+                    for entry in entries if entry.is_tensor}
+        if self.outside is None or self._arena_address is None:
+            raise Unreadable("the child's inputs are not where it said they would be")
+        found = {}
+        for entry in entries:
+            if not entry.is_tensor:
+                continue
+            try:
+                raw = self.outside.read(self._arena_address + entry.offset, entry.nbytes)
+            except OSError as error:
+                raise Unreadable(f"input {entry.name} cannot be read ({error})") from None
+            found[entry.name] = torch.frombuffer(raw, dtype=torch.uint8).view(
+                wire.DTYPES[entry.dtype]).view(entry.shape)
+        return found
+
+    def settings_now(self) -> Settings | None:
+        return self.outside.settings() if self.outside is not None else None
 
     # -- requests -------------------------------------------------------------------
 
     def request(self, do: str, during: str, *, max_bytes: int = 0, **fields: Any) -> Reply:
-        """One request and its reply; CallFailed when the child says the call failed."""
+        """One request and its reply; CallFailed when the child says the call failed.
+
+        Once the candidate is loaded, the jail runs only inside a request: resumed just
+        before it, stopped as soon as the reply is in, so nothing of the candidate runs
+        between requests and nothing the call returned changes before it is read."""
         self._seq += 1
+        outside = self.outside
+        cpu_before = outside.cpu_ns() if outside is not None else 0
+        if self.gpu is not None and do == "run":
+            self.gpu.flush()
+        # The judge's clock starts before the child is woken: whatever it does once it
+        # wakes (a handler of SIGCONT included) is inside the round trip.
         started = time.perf_counter_ns()
+        if outside is not None:
+            self.watch.idle_cpu_ms += max(0, cpu_before - self._cpu_when_stopped) / 1e6
+            outside.resume()
         try:
             wire.write_message(self._requests, {"do": do, "seq": self._seq, "max_bytes": max_bytes,
                                                 **fields})
@@ -189,8 +368,26 @@ class Child:
             raise self._died(during, phase_guard="process") from None
         reply = self._receive(self.limits.call_s, during, max_bytes=max_bytes, phase_guard="process")
         reply.round_trip_ms = (time.perf_counter_ns() - started) / 1e6
+        if self.gpu is not None and do == "run":
+            # At once, before the stop: the sooner the probe is queued, the less of any
+            # work left running on the GPU can end unseen.
+            reply.idle_ms = self.gpu.idle_ms()
+        if outside is not None:
+            self._stop(during)
+            self._count_threads()
+            self._cpu_when_stopped = outside.cpu_ns()
+            reply.cpu_ms = (self._cpu_when_stopped - cpu_before) / 1e6
         if reply.header.get("seq") != self._seq:
             raise self._broken(during, "an answer to a request it was not asked")
+        if self.gpu is not None and do in ("prepare", "drop"):
+            # The judge's mapping keeps the child's memory alive: let go of a slot's once
+            # the child has (a slot prepared again frees its earlier staging first).
+            for slot in fields.get("slots", [fields.get("slot")]):
+                old = self._staging.pop(slot, None)
+                if old is not None:
+                    old.close()
+        if do == "prepare" and self.gpu is not None and reply.header.get("ok"):
+            self._staging[fields["slot"]] = self._take(reply.header, "staging", during)
         self._note(reply.header)
         if not reply.header.get("ok"):
             raise CallFailed(str(reply.header.get("kind", "raised")),
@@ -201,8 +398,9 @@ class Child:
                  phase_guard: str = "process") -> Reply:
         limit = min(timeout_s, self.deadline - time.monotonic())
         try:
-            header, tensors = wire.read_message(self._replies, deadline=time.monotonic() + limit,
-                                                max_bytes=max_bytes)
+            header, tensors = wire.read_message(
+                self._replies, deadline=time.monotonic() + limit, max_bytes=max_bytes,
+                waiting=self._count_threads if self.outside is not None else None)
         except wire.ChannelTimeout:
             self.kill()
             overall = limit < timeout_s
@@ -212,12 +410,46 @@ class Child:
                 f"the {self.label} did not finish {during} within {timeout_s:g} s; it was killed"
             ), self.role) from None
         except wire.ChannelClosed:
+            self._wait_for_report()
+            if self.jail_error is not None:
+                raise ChildFailure("jail", f"the {self.label}'s jail could not be built: "
+                                           f"{self.jail_error}", self.role) from None
             raise self._died(during, phase_guard=phase_guard) from None
         except wire.ProtocolError as error:
             raise self._broken(during, str(error)) from None
         return Reply(header, tensors, math.nan)
 
+    def read_jail_report(self) -> None:
+        """Takes in whatever the jail's supervisor has said since the last reading."""
+        while True:
+            try:
+                chunk = os.read(self._report, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._report_buffer += chunk
+        *lines, self._report_buffer = self._report_buffer.split(b"\n")
+        for line in lines:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(said, dict):
+                continue
+            if isinstance(said.get("pid"), int):
+                self.worker_pid = said["pid"]
+            if isinstance(said.get("refused"), str):
+                self.watch.jail_refused.append(shorten(said["refused"]))
+            if isinstance(said.get("ran"), str):
+                self.watch.ran.append(shorten(said["ran"]))
+            if isinstance(said.get("jail_error"), str):
+                self.jail_error = shorten(said["jail_error"])
+
     def _note(self, header: dict[str, Any]) -> None:
+        self.read_jail_report()
         refused, replaced = header.get("refused"), header.get("replaced")
         if isinstance(refused, list):
             self.watch.refused += [shorten(str(item)) for item in refused[:20]]
@@ -257,23 +489,76 @@ class Child:
         guard, how = _how_it_ended(code)
         return ChildFailure(guard or phase_guard, f"the {self.label} {how} while {during}", self.role)
 
-    def kill(self) -> None:
+    def _wait_for_report(self) -> None:
+        """The supervisor's last words, once the child's channel closed."""
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             pass
+        poller = select.poll()
+        poller.register(self._report, select.POLLIN | select.POLLHUP)
+        poller.poll(100)
+        self.read_jail_report()
+
+    def kill(self) -> None:
+        # The worker's group (its whole jail), then the supervisor's: the worker dies
+        # with the supervisor anyway, and its PID namespace with it.
+        for group in (self.worker_pid, self.process.pid):
+            if group is None:
+                continue
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.process.wait()
 
     def close(self) -> None:
-        """End the child and everything it started, and remove its directory. Nothing
+        """End the child and everything it started, and remove its directories. Nothing
         is left to say, so it is killed rather than waited for."""
-        for fd in (self._requests, self._replies):
+        for fd in (self._requests, self._replies, self._report):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.kill()
+        if self.outside is not None:
+            self.outside.close()
+        for memory in [*self._staging.values(), *([self._device_inputs] if self._device_inputs else [])]:
+            memory.close()
+        self._staging.clear()
+        self._device_inputs = None
         shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+class ChildrenFeed:
+    """On a GPU: writes a call's inputs into each live child's device memory."""
+
+    def __init__(self, children: list[Child]) -> None:
+        self.children = children
+
+    def write(self, entries: list[arena.Entry], inputs: dict[str, Any]) -> None:
+        for child in self.children:
+            if child.outside is not None and child.process.poll() is None:
+                child.write_inputs(entries, inputs)
+
+
+def strided_span(facts: Any) -> int | None:
+    """Bytes from a strided tensor's first element to just past its last, or None when
+    the description is not one of a plain strided tensor."""
+    if not isinstance(facts, dict) or facts.get("plain_tensor") is not True:
+        return None
+    shape, strides, address = facts.get("shape"), facts.get("strides"), facts.get("address")
+    if (facts.get("dtype") not in wire.DTYPES or not isinstance(address, int)
+            or not isinstance(shape, list) or not isinstance(strides, list)
+            or len(shape) != len(strides) or len(shape) > wire.MAX_DIMENSIONS
+            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**40
+                       for n in shape + strides)):
+        return None
+    if math.prod(shape) == 0:
+        return 0
+    last = sum((size - 1) * stride for size, stride in zip(shape, strides))
+    return (last + 1) * wire.DTYPES[facts["dtype"]].itemsize
 
 
 def _how_it_ended(code: int | None) -> tuple[str | None, str]:

@@ -1,34 +1,44 @@
-"""Is the candidate right? Judged here, in the trusted process, from what its child sends back.
+"""Is the candidate right? Judged here, in the trusted process, from what it read of the child.
 
-For every workload, both value distributions and three secret seeds, the child generates
-the inputs from the seed, calls forward, and sends the output with a fingerprint of its
-inputs after the call. The judge generates the same inputs itself, computes the
-reference on them (no reference ever exists in the child, so none can be read there),
-and checks in full: type, device, dtype and shape, every value against the op's
-tolerance (NaN and inf fail), and the inputs' fingerprint against its own pristine copy.
-The first seed of each distribution runs twice in a row: the same inputs must give the
-identical output, and an output read from stale memory meets the child's poison.
+For every workload, both value distributions and three secret seeds, the judge makes the
+inputs itself and writes them where the child reads them (runners.harness.arena), asks
+for one call, and once the child is stopped reads the output and the inputs straight
+from the child's memory (children.Child.read_output): nothing of the candidate runs
+between the call and the reading, and nothing it says about the output is believed but
+where to find it. The judge computes the reference on its own pristine copy (no
+reference ever exists in the child) and checks in full: type, device, dtype and shape,
+every value against the op's tolerance (NaN and inf fail), and every input byte against
+the pristine copy. The first seed of each distribution runs twice in a row: the same
+inputs must give the identical output, and an output read from stale memory meets the
+child's poison. Then it runs a third time with a few of its values changed (op.nearly):
+a kernel that recognises inputs by a sample of their values returns its old answer.
+
+Besides the workloads asked for, every run checks secret sizes the candidate cannot
+know (drawn from the secret seed inside the op's range, no multiple of any tile): a
+kernel right only on the declared grid is caught there.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from runners.harness import arena
 from runners.harness.candidate import one_line
-from runners.harness.children import CallFailed, Reply, Requester
-from runners.harness.digest import input_digest
+from runners.harness.children import CallFailed, Reply, Requester, Unreadable
 from runners.harness.result import Guard
 from runners.harness.seeds import derive_seed
 from runners.ops import DISTRIBUTIONS, Op, Workload
 
 SEEDS_PER_DISTRIBUTION = 3
-# The first seed again, right after itself: same inputs, identical output.
-CALL_ORDER = (0, 0, 1, 2)
+# Per distribution: the first seed; the same inputs again (identical output); those
+# inputs with a few values changed; then the other seeds. Secret sizes get two seeds.
+FIRST, REPEAT, NEARLY = "first", "repeat", "nearly"
+CALL_ORDER = ((0, FIRST), (0, REPEAT), (0, NEARLY), (1, FIRST), (2, FIRST))
+SECRET_CALL_ORDER = ((0, FIRST), (1, FIRST))
 
 CORRECTNESS = "correctness"
 OUTPUT_TYPE = "output-type"
@@ -38,27 +48,32 @@ TIMED_OUTPUTS = "timed-outputs"
 CHECK_SLOT = "check"
 
 
+class Feed(Protocol):
+    """Where the judge writes a call's inputs for the children to read (arena.Arena)."""
+
+    def write(self, entries: list[arena.Entry], inputs: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class Expected:
     """What the judge knows about one call, from its own pristine inputs."""
 
     inputs: dict[str, Any]
+    entries: list[arena.Entry]
     reference: torch.Tensor
     max_bytes: int
 
 
 @dataclass
-class Fetched:
-    """A call's output as the child sent it, and the key its input fingerprint used."""
+class Observed:
+    """What the judge read of one call, right after it and before the child ran again:
+    the reply's description of the output, the output itself (None when it was larger
+    than any right answer), the inputs as the child holds them, or why it could not."""
 
-    reply: Reply
-    key: int
-
-
-def fetch_output(child: Requester, during: str, max_bytes: int) -> Fetched:
-    # A fresh key per fetch, drawn after the call: nothing to tune a change against.
-    key = secrets.randbits(63)
-    return Fetched(child.request("fetch", during, max_bytes=max_bytes, key=key), key)
+    facts: Any
+    output: torch.Tensor | None = None
+    inputs_now: dict[str, torch.Tensor] | None = None
+    unreadable: str | None = None
 
 
 def output_bound(inputs: dict[str, Any]) -> int:
@@ -68,19 +83,35 @@ def output_bound(inputs: dict[str, Any]) -> int:
     return 2 * size + 2**20
 
 
-def expect(op: Op, workload: Workload, seed: int, distribution: str) -> Expected:
-    inputs = op.make_inputs(workload, seed, distribution)
+def expect(op: Op, workload: Workload, seed: int, distribution: str,
+           inputs: dict[str, Any] | None = None) -> Expected:
+    inputs = op.make_inputs(workload, seed, distribution) if inputs is None else inputs
     reference = op.reference({key: value.clone() if isinstance(value, torch.Tensor) else value
                               for key, value in inputs.items()})
-    return Expected(inputs, reference, output_bound(inputs))
+    return Expected(inputs, arena.layout(inputs), reference, output_bound(inputs))
 
 
-def _type_problem(facts: Any, device: str) -> str | None:
+def observe(child: Requester, reply: Reply, expected_entries: list[arena.Entry],
+            max_bytes: int) -> Observed:
+    """Reads a call's output and inputs from the stopped child."""
+    facts = reply.header.get("output")
+    observed = Observed(facts)
+    if _type_problem(facts, None) is not None:
+        return observed
+    try:
+        observed.output = child.read_output(facts, max_bytes)
+        observed.inputs_now = child.read_inputs(expected_entries)
+    except Unreadable as error:
+        observed.unreadable = str(error)
+    return observed
+
+
+def _type_problem(facts: Any, device: str | None) -> str | None:
     """Catches lazy outputs: a tensor subclass can defer its work into the comparison."""
     if not isinstance(facts, dict):
         return "the child sent no description of the output"
     if facts.get("plain_tensor") is True:
-        if facts.get("device") != device:
+        if device is not None and facts.get("device") != device:
             return f"forward returned a tensor on {facts.get('device')}; the inputs are on {device}"
         if facts.get("layout") != "torch.strided":
             return f"forward returned a {facts.get('layout')} tensor; only a strided tensor is accepted"
@@ -91,22 +122,33 @@ def _type_problem(facts: Any, device: str) -> str | None:
     return f"forward returned {name}, not a torch.Tensor"
 
 
-def judge_output(op: Op, expected: Expected, fetched: Fetched, device: str) -> dict[str, str | None]:
-    """Each guard's failure for one fetched output, or None where it passed."""
-    reply = fetched.reply
-    header = reply.header
-    outcome: dict[str, str | None] = {}
-    if header.get("inputs_digest") == input_digest(expected.inputs, fetched.key):
-        outcome[INPUTS_UNCHANGED] = None
-    else:
-        change = header.get("inputs_changed")
-        outcome[INPUTS_UNCHANGED] = "inputs changed after the call: " + (
-            str(change) if isinstance(change, str) and change
-            else "their fingerprint no longer matches the pristine inputs'")
-    facts = header.get("output")
-    outcome[OUTPUT_TYPE] = _type_problem(facts, device)
-    if outcome[OUTPUT_TYPE] is None:
-        outcome[CORRECTNESS] = _value_problem(op, expected, facts, reply.tensors.get("output"), device)
+def _input_change(expected: Expected, now: dict[str, torch.Tensor]) -> str | None:
+    """What changed in the inputs, in words; None when every byte is as written."""
+    for entry in expected.entries:
+        if not entry.is_tensor:
+            continue
+        original = expected.inputs[entry.name].detach().contiguous()
+        seen = now.get(entry.name)
+        if seen is None:
+            return f"{entry.name} could not be read back"
+        if torch.equal(original.reshape(-1).view(torch.uint8), seen.reshape(-1).view(torch.uint8)):
+            continue
+        differ = int((original.reshape(-1) != seen.reshape(-1)).sum())
+        return f"{differ:,} of {original.numel():,} elements of {entry.name} differ"
+    return None
+
+
+def judge_output(op: Op, expected: Expected, observed: Observed, device: str) -> dict[str, str | None]:
+    """Each guard's failure for one observed call, or None where it passed."""
+    outcome: dict[str, str | None] = {OUTPUT_TYPE: _type_problem(observed.facts, device)}
+    if outcome[OUTPUT_TYPE] is not None:
+        return outcome
+    if observed.unreadable is not None:
+        outcome[CORRECTNESS] = f"the output could not be read from the child: {observed.unreadable}"
+        return outcome
+    change = _input_change(expected, observed.inputs_now or {})
+    outcome[INPUTS_UNCHANGED] = None if change is None else f"inputs changed after the call: {change}"
+    outcome[CORRECTNESS] = _value_problem(op, expected, observed.facts, observed.output, device)
     return outcome
 
 
@@ -115,8 +157,6 @@ def _value_problem(op: Op, expected: Expected, facts: dict[str, Any],
     if output is None:
         return (f"the output ({facts.get('dtype')} {facts.get('shape')}) is larger than any "
                 f"right answer ({expected.max_bytes:,} bytes)")
-    if list(output.shape) != facts.get("shape") or str(output.dtype) != f"torch.{facts.get('dtype')}":
-        return "the output's bytes do not match its own description"
     try:
         ok, detail = op.check(output.to(device), expected.reference, expected.inputs)
     except Exception as error:
@@ -162,43 +202,87 @@ class CheckCall:
     distribution: str
     index: int
     seed: int
-    repeat: bool
+    kind: str = FIRST
+
+    @property
+    def repeat(self) -> bool:
+        return self.kind == REPEAT
 
     @property
     def where(self) -> str:
         return (f"{self.workload.name}, {self.distribution} inputs, seed #{self.index + 1}"
-                + (", repeated" if self.repeat else ""))
+                + {FIRST: "", REPEAT: ", repeated", NEARLY: ", nearly repeated"}[self.kind])
 
 
-def check_calls(workload: Workload, secret_seed: int) -> list[CheckCall]:
+def check_calls(workload: Workload, secret_seed: int,
+                order: tuple[tuple[int, str], ...] = CALL_ORDER) -> list[CheckCall]:
     """The checked calls of one workload, in the order they run."""
-    calls = []
-    for distribution in DISTRIBUTIONS:
-        seen: set[int] = set()
-        for index in CALL_ORDER:
-            seed = derive_seed(secret_seed, "correctness", workload.name, distribution, index)
-            calls.append(CheckCall(workload, distribution, index, seed, repeat=index in seen))
-            seen.add(index)
-    return calls
+    return [CheckCall(workload, distribution, index,
+                      derive_seed(secret_seed, "correctness", workload.name, distribution, index), kind)
+            for distribution in DISTRIBUTIONS for index, kind in order]
 
 
-def run_check_call(child: Requester, call: CheckCall) -> None:
-    fields = {"slot": CHECK_SLOT}
-    child.request("load", f"preparing {call.where}", workload=call.workload.to_dict(),
-                  seed=call.seed, distribution=call.distribution, **fields)
-    child.request("run", f"running forward on {call.where}", **fields)
+class CallInputs:
+    """The inputs of each checked call, made once: the nearly repeated call's come from
+    its seed's and the next seed's, at places drawn from the secret seed."""
+
+    def __init__(self, op: Op, workload: Workload, secret_seed: int) -> None:
+        self.op, self.workload, self.secret_seed = op, workload, secret_seed
+        self._made: dict[tuple[str, int], dict[str, Any]] = {}
+        self._nearly: dict[str, dict[str, Any]] = {}
+
+    def _seeded(self, distribution: str, index: int) -> dict[str, Any]:
+        key = (distribution, index)
+        if key not in self._made:
+            seed = derive_seed(self.secret_seed, "correctness", self.workload.name, distribution, index)
+            self._made[key] = self.op.make_inputs(self.workload, seed, distribution)
+        return self._made[key]
+
+    def of(self, call: CheckCall) -> dict[str, Any]:
+        if call.kind != NEARLY:
+            return self._seeded(call.distribution, call.index)
+        if call.distribution not in self._nearly:
+            places = torch.Generator()
+            places.manual_seed(derive_seed(self.secret_seed, "nearly", self.workload.name,
+                                           call.distribution))
+            self._nearly[call.distribution] = self.op.nearly(
+                self._seeded(call.distribution, call.index),
+                self._seeded(call.distribution, call.index + 1), places)
+        return self._nearly[call.distribution]
 
 
-def replay_checks(child: Requester, workloads: list[Workload], *, secret_seed: int) -> None:
+def prepare(child: Requester, feed: Feed, slot: str, inputs: dict[str, Any], during: str) -> None:
+    """Writes a first input set and has the child take the slot's arguments on it (on
+    CUDA it captures the call there)."""
+    entries = arena.layout(inputs)
+    feed.write(entries, inputs)
+    child.request("prepare", during, slot=slot, layout=[entry.to_dict() for entry in entries],
+                  output_bytes=output_bound(inputs))
+
+
+def run_check_call(child: Requester, feed: Feed, expected: Expected, call: CheckCall) -> Reply:
+    feed.write(expected.entries, expected.inputs)
+    return child.request("run", f"running forward on {call.where}", slot=CHECK_SLOT)
+
+
+def replay_checks(child: Requester, feed: Feed, op: Op, workloads: list[Workload], *,
+                  secret_seed: int, secret: list[Workload] = ()) -> None:
     """The candidate's checked calls, run again in a baseline process, outputs unread.
 
     Gives the baseline processes the candidate's history: the same allocations in the
     same order leave the heap laid out alike, and where buffers sit relative to each
     other (4K aliasing, cache sets) moved CPU times by 10-15% between processes.
     """
-    for workload in workloads:
-        for call in check_calls(workload, secret_seed):
-            run_check_call(child, call)
+    for workload, order in [*((w, CALL_ORDER) for w in workloads),
+                            *((w, SECRET_CALL_ORDER) for w in secret)]:
+        calls = check_calls(workload, secret_seed, order)
+        made = CallInputs(op, workload, secret_seed)
+        prepare(child, feed, CHECK_SLOT, made.of(calls[0]),
+                f"preparing the checked calls of {workload.name}")
+        for call in calls:
+            inputs = made.of(call)
+            feed.write(arena.layout(inputs), inputs)
+            child.request("run", f"running forward on {call.where}", slot=CHECK_SLOT)
     child.request("drop", "freeing the checked inputs", slots=[CHECK_SLOT])
 
 
@@ -207,15 +291,19 @@ def check_correctness(
     child: Requester,
     workloads: list[Workload],
     *,
+    feed: Feed,
     secret_seed: int,
     progress: Callable[[str], None],
+    secret: list[Workload] = (),
 ) -> list[Guard]:
     """Guards for output type, untouched inputs, determinism and correctness; stops at
-    the first failure. A failed call becomes the guard that explains it."""
+    the first failure. A failed call becomes the guard that explains it. `secret` are
+    the secret sizes, checked after the workloads asked for."""
     tallies = {name: _Tally() for name in (CORRECTNESS, OUTPUT_TYPE, INPUTS_UNCHANGED, DETERMINISTIC)}
     failed: Guard | None = None
-    for workload in workloads:
-        failed = _check_workload(op, child, workload, secret_seed, tallies)
+    for workload, order in [*((w, CALL_ORDER) for w in workloads),
+                            *((w, SECRET_CALL_ORDER) for w in secret)]:
+        failed = _check_workload(op, child, feed, workload, secret_seed, tallies, order)
         broken = failed is not None or any(tally.failure for tally in tallies.values())
         progress(f"correctness {workload.name}: {'FAILED' if broken else 'ok'}")
         if broken:
@@ -225,7 +313,8 @@ def check_correctness(
 
     clean = failed is None and not any(tally.failure for tally in tallies.values())
     scope = (f" (all: {len(workloads)} workloads × {len(DISTRIBUTIONS)} distributions × "
-             f"{SEEDS_PER_DISTRIBUTION} seeds, the first twice)" if clean else "")
+             f"{SEEDS_PER_DISTRIBUTION} seeds, the first twice and once nearly; and "
+             f"{len(secret)} secret sizes)" if clean else "")
     passing = {
         CORRECTNESS: "matched the reference",
         OUTPUT_TYPE: "returned a plain torch.Tensor on the inputs' device",
@@ -242,25 +331,34 @@ def check_correctness(
     return guards
 
 
-def _check_workload(op: Op, child: Requester, workload: Workload, secret_seed: int,
-                    tallies: dict[str, _Tally]) -> Guard | None:
-    expected: dict[tuple[str, int], Expected] = {}
+def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, secret_seed: int,
+                    tallies: dict[str, _Tally],
+                    order: tuple[tuple[int, str], ...] = CALL_ORDER) -> Guard | None:
+    expected: dict[tuple[str, int, bool], Expected] = {}
     first_output: dict[str, torch.Tensor | None] = {}
-    for call in check_calls(workload, secret_seed):
-        key = (call.distribution, call.index)
+    calls = check_calls(workload, secret_seed, order)
+    made = CallInputs(op, workload, secret_seed)
+    for call in calls:
+        key = (call.distribution, call.index, call.kind == NEARLY)
         if key not in expected:
-            expected[key] = expect(op, workload, call.seed, call.distribution)
+            expected[key] = expect(op, workload, call.seed, call.distribution, made.of(call))
+    try:
+        prepare(child, feed, CHECK_SLOT, made.of(calls[0]),
+                f"preparing the checked calls of {workload.name}")
+    except CallFailed as failure:
+        return call_failure(failure, CORRECTNESS, f"{workload.name}, preparing its calls")
+    for call in calls:
+        this = expected[(call.distribution, call.index, call.kind == NEARLY)]
         try:
-            run_check_call(child, call)
-            fetched = fetch_output(child, f"sending the output of {call.where}", expected[key].max_bytes)
+            reply = run_check_call(child, feed, this, call)
         except CallFailed as failure:
             return call_failure(failure, CORRECTNESS, call.where)
-        outcome = judge_output(op, expected[key], fetched, workload.device)
-        output = fetched.reply.tensors.get("output")
-        if not call.repeat:
-            first_output.setdefault(call.distribution, output)
-        elif outcome.get(CORRECTNESS, "") is None:
-            outcome[DETERMINISTIC] = identical(first_output.get(call.distribution), output)
+        observed = observe(child, reply, this.entries, this.max_bytes)
+        outcome = judge_output(op, this, observed, workload.device)
+        if call.kind == FIRST:
+            first_output.setdefault(call.distribution, observed.output)
+        elif call.kind == REPEAT and outcome.get(CORRECTNESS, "") is None:
+            outcome[DETERMINISTIC] = identical(first_output.get(call.distribution), observed.output)
         for name, problem in outcome.items():
             if problem is None:
                 tallies[name].passed += 1
@@ -271,17 +369,14 @@ def _check_workload(op: Op, child: Requester, workload: Workload, secret_seed: i
     return None
 
 
-def revalidate(op: Op, workload: Workload, fetched: list[tuple[int, int, str, Fetched]],
+def revalidate(op: Op, workload: Workload, observed: list[tuple[int, int, str, Observed]],
                ) -> list[Guard]:
-    """Outputs of timed calls, fetched at calls the child could not predict: each checked
-    against its own inputs' reference. (slot seed, call number, distribution, reply)."""
+    """Outputs of timed calls, read at calls the child could not predict: each checked
+    against its own inputs' reference. (input seed, call number, distribution, reading)."""
     problems: list[Guard] = []
-    cache: dict[tuple[int, str], Expected] = {}
-    for seed, call, distribution, output in fetched:
-        key = (seed, distribution)
-        if key not in cache:
-            cache[key] = expect(op, workload, seed, distribution)
-        outcome = judge_output(op, cache[key], output, workload.device)
+    for seed, call, distribution, reading in observed:
+        expected = expect(op, workload, seed, distribution)
+        outcome = judge_output(op, expected, reading, workload.device)
         where = f"{workload.name}, timed call #{call + 1}"
         for name, problem in outcome.items():
             if problem is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import e2e_command as declared_e2e
 from runners.harness import endtoend, protected, roofline
@@ -31,27 +32,41 @@ from runners.harness.children import (
     CallFailed,
     Child,
     ChildFailure,
+    ChildrenFeed,
     Limits,
     Watch,
 )
+from runners.harness.correctness import Feed
+from runners.harness.observe import GpuProbe
 from runners.harness.correctness import call_failure, check_correctness, replay_checks, revalidate
 from runners.harness.dispatch import SizedResult, dispatch_range, size_axis
-from runners.harness.measure import CONTROL, Measurement, clock_disagreement, measure_workload
+from runners.harness.measure import (
+    CONTROL,
+    Measurement,
+    clock_disagreement,
+    clock_excess,
+    measure_workload,
+    median_overhead,
+)
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed, draw_secret_seed
+from runners.harness.sizes import secret_workloads, sizes_along
 from runners.harness.stats import MIN_NOISE_FLOOR, compare, noise_floors
-from runners.ops import Op, Workload, get_op
+from runners.ops import DISTRIBUTIONS, Op, Workload, get_op
 from runners.space import read_literals
 
 DSLS = dsls.DSLS
 # A fixed count so runs are comparable, and at most half the cores: with every core
 # busy, one descheduled OpenMP worker stalls a whole call and swamps the timing.
 MAX_THREADS = 4
+# CPU a stopped jail may show between two readings from outside: the kernel's
+# accounting of a stopped thread does not move, so anything above rounding ran.
+IDLE_CPU_MS = 0.5
 # A speedup above this over the baseline is flagged for scrutiny (reward-hacks.md).
 PLAUSIBLE_SPEEDUP = 10.0
 # Guards whose failure means the outputs were not right (or never came).
 _CORRECTNESS_GUARDS = frozenset({"loads", "correctness", "output-type", "inputs-unchanged",
-                                 "deterministic", "timed-outputs"})
+                                 "deterministic", "timed-outputs", "aliasing"})
 
 
 class UsageError(ValueError):
@@ -93,6 +108,16 @@ def _child_cpus(threads: int) -> list[int] | None:
     return available[-threads:]
 
 
+def _judge_cpus(child_cpus: list[int] | None) -> set[int] | None:
+    """The cores the judge's own thread keeps to while it evaluates: none of the
+    children's, so its reading of a child from outside while that child works never
+    takes the child's core. None where the children have every core."""
+    if not hasattr(os, "sched_getaffinity") or not child_cpus:
+        return None
+    others = set(os.sched_getaffinity(0)) - set(child_cpus)
+    return others or None
+
+
 def _literal_params(source: str) -> dict[str, object] | None:
     # Read, never run: the judge does not execute candidate code, even to see PARAMS.
     try:
@@ -110,14 +135,24 @@ def _verdict(result: EvaluationResult) -> str:
     return "win" if result.dispatch and result.timing_meaningful else "no-gain"
 
 
-def _dispatch(workloads: list[Workload], results: list[WorkloadResult]) -> dict | None:
+def _dispatch(workloads: list[Workload], results: list[WorkloadResult],
+              secret: list[Workload]) -> dict | None:
+    """The sizes the candidate won at, every one checked and timed; and the secret sizes
+    checked for correctness between them (never timed: the range does not claim them)."""
     axis = size_axis(workloads[0].params) if workloads else None
     if axis is None:
         return None
-    return dispatch_range(axis, [
+    found = dispatch_range(axis, [
         SizedResult(workload.params[axis], result.speedup, result.significant)
         for workload, result in zip(workloads, results)
     ])
+    if found is not None:
+        inside = [size for size in sizes_along(axis, secret) if found["min"] <= size <= found["max"]]
+        found["secret_sizes_checked"] = inside
+        if inside:
+            found["summary"] += (f"; also correct at {len(inside)} secret size"
+                                 f"{'s' if len(inside) > 1 else ''} in between (not timed)")
+    return found
 
 
 @dataclass
@@ -140,32 +175,51 @@ class _Run:
     protected_settings: tuple[str, str] | None = None
     # The batch sizes asked for (None: the op's defaults), for the end-to-end points.
     batch_sizes: list[int] | None = None
+    # Sizes drawn from the secret seed, checked for correctness beside the workloads.
+    secret: list[Workload] = field(default_factory=list)
+    # (what was seen, the problem or None) of the timing processes' threads in calls.
+    threads_in_calls: tuple[str, str | None] | None = None
+    # The cores every child runs on, chosen before the judge keeps to the others.
+    child_cpus: list[int] | None = None
+    # The candidate's cores, priority and limits that the kernel shows changed after
+    # its timed calls (observe.Settings).
+    outside_changes: list[str] = field(default_factory=list)
     # The user's own end-to-end command for the op (runners.harness.e2e_command), if any.
     e2e_command: str | None = None
     e2e_command_budget_s: float = declared_e2e.BUDGET_S
     children: list[Child] = field(default_factory=list)
+    # Where the judge writes every call's inputs for the children (set in evaluate()):
+    # on a CPU one arena they all map; on a GPU each child's own device memory.
+    input_capacity: int = 0
+    arena: inputs_arena.Arena | None = None
+    gpu: GpuProbe | None = None
+    feed: Feed | None = None
 
     def start(self, role: str, path: Path, dsl: str, watch: Watch | None = None) -> Child:
         setup = {
             "op": self.op.name, "device": self.result.device, "dsl": dsl,
             "candidate": str(path), "threads": self.result.threads,
-            "cpus": _child_cpus(self.result.threads),
+            "cpus": self.child_cpus,
             "cpu_seconds": math.ceil(self.limits.total_s * (self.result.threads or 1)) + 10,
             "file_bytes": self.limits.file_bytes, "memory_bytes": self.limits.memory_bytes,
             "gpu_fraction": self.limits.gpu_fraction,
+            "input_capacity": self.input_capacity,
+            "arena_fd": self.arena.fd if self.arena is not None else None,
         }
         label = {CANDIDATE: "candidate process", BASELINE: "baseline process",
                  CONTROL: "second baseline process"}[role]
         child = Child(role=role, label=label, setup=setup, limits=self.limits,
                       deadline=self.deadline,
                       env_extra=lambda scratch: dsls.child_environment(dsl, self.result.device, scratch),
-                      watch=watch)
+                      watch=watch, gpu=self.gpu)
         self.children.append(child)
         return child
 
     def close(self) -> None:
         for child in self.children:
             child.close()
+        if self.arena is not None:
+            self.arena.close()
 
 
 def evaluate(
@@ -228,18 +282,38 @@ def evaluate(
                e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
     # One thread here: the judge's idle OpenMP workers spin for a while after each of its
     # own torch calls (references, checks), stealing a core from the child being timed.
+    run.secret = secret_workloads(op, kind, workloads, run.batch_sizes, result.seed)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    previous_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    run.child_cpus = _child_cpus(result.threads or 1)
+    judge_cores = _judge_cpus(run.child_cpus)
+    if judge_cores:
+        os.sched_setaffinity(0, judge_cores)
     try:
+        run.input_capacity = max(
+            inputs_arena.size(inputs_arena.layout(op.make_inputs(workload, 0, DISTRIBUTIONS[0])))
+            for workload in [*workloads, *run.secret])
+        if kind == "cpu":
+            run.arena = inputs_arena.Arena(run.input_capacity)
+            run.input_capacity = run.arena.capacity
+            run.feed = run.arena
+        else:
+            run.gpu = GpuProbe()
+            run.feed = ChildrenFeed(run.children)
         candidate = _judge(run)
     finally:
         run.close()
         torch.set_num_threads(previous_threads)
+        if kind == "cuda":
+            torch.cuda.empty_cache()  # the references' memory, for the next evaluation's children
+        if judge_cores and previous_cores:
+            os.sched_setaffinity(0, previous_cores)
     result.guards += _watch_guards(run, candidate)
     if run.protected_settings is not None:
         result.guards.append(Guard("protected-settings", *run.protected_settings))
     if result.correct:
-        result.dispatch = _dispatch(run.workloads, result.workloads)
+        result.dispatch = _dispatch(run.workloads, result.workloads, run.secret)
     result.verdict = _verdict(result)
     result.duration_s = round(time.monotonic() - started, 3)
     say(f"verdict: {result.verdict}")
@@ -260,8 +334,9 @@ def _judge(run: _Run) -> Child | None:
     result.guards.append(Guard("loads", "pass", f"{run.path.name} imports and defines forward()"))
 
     try:
-        result.guards += check_correctness(run.op, candidate, run.workloads,
-                                           secret_seed=result.seed, progress=say)
+        result.guards += check_correctness(run.op, candidate, run.workloads, feed=run.feed,
+                                           secret_seed=result.seed, progress=say,
+                                           secret=run.secret)
     except ChildFailure as failure:
         return _fail(result, candidate, Guard(failure.guard, "fail", failure.detail))
     result.correct = not any(guard.status == "fail" for guard in result.guards)
@@ -269,7 +344,9 @@ def _judge(run: _Run) -> Child | None:
         result.error = next(guard.detail for guard in result.guards if guard.status == "fail")
         return candidate
     watch = candidate.watch
-    if (watch.refused or watch.replaced or watch.extra_threads or watch.config_changed
+    if (watch.refused or watch.jail_refused or watch.idle_cpu_ms > IDLE_CPU_MS or watch.replaced
+            or watch.extra_threads
+            or watch.config_changed
             or (run.static and run.static[0] == "fail")
             or (run.protected_settings and run.protected_settings[0] == "fail")):
         # Already rejected, by what it tried or by what it is written in (the guards are
@@ -321,13 +398,16 @@ def _time(run: _Run, checked: Child) -> None:
     for child in (baseline, candidate, control):
         child.wait_loaded()
     for child in (baseline, candidate, control):
-        replay_checks(child, run.workloads, secret_seed=result.seed)
+        replay_checks(child, run.feed, run.op, run.workloads, secret_seed=result.seed,
+                      secret=run.secret)
     sides = {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
     measured: list[Measurement] = []
     for position, workload in enumerate(run.workloads):
-        measurement = measure_workload(run.op, workload, position, sides, secret_seed=result.seed,
-                                       budget_s=run.budget_s)
-        problems = revalidate(run.op, workload, measurement.fetched)
+        measurement = measure_workload(run.op, workload, position, sides, feed=run.feed,
+                                       secret_seed=result.seed, budget_s=run.budget_s)
+        problems = revalidate(run.op, workload, measurement.observed)
+        if measurement.aliasing is not None:
+            problems.append(Guard("aliasing", "fail", f"{measurement.aliasing} ({workload.name})"))
         if problems:
             result.guards += problems
             result.correct = False
@@ -335,11 +415,18 @@ def _time(run: _Run, checked: Child) -> None:
             return
         measured.append(measurement)
         say(f"timed {workload.name}: {len(measurement.times[CANDIDATE].reported)} samples a side")
+    result.guards.append(Guard("aliasing", "pass", "every call returned memory of its own, "
+                               "which no later call wrote") if result.device == "cpu" else Guard(
+        "aliasing", "pass", "CUDA graphs: each replay writes its graph's own output, as a server expects"))
     hardware = roofline.hardware_key(result.device)
     result.workloads = _workload_results(run, measured, hardware)
     for workload in result.workloads:
         say(_progress_line(workload))
     result.guards += _timing_guards(run, measured, hardware)
+    run.threads_in_calls = _threads_in_calls(candidate, [baseline, control],
+                                             same_code=baseline_dsl == result.dsl)
+    before, now = candidate.settings_before, candidate.settings_now()
+    run.outside_changes = now.differences(before) if before is not None and now is not None else []
     if endtoend.dispatched(run.op) and not any(guard.status == "fail" for guard in result.guards):
         # The end-to-end check: only for a candidate still standing after the kernel timing;
         # one rejected before it keeps `e2e: null`.
@@ -374,6 +461,8 @@ def _workload_results(run: _Run, measured: list[Measurement],
     results = []
     for workload, measurement, floor, rng in zip(run.workloads, measured, floors, rngs, strict=True):
         times = measurement.times
+        excess = clock_excess(times[CANDIDATE], [times[BASELINE], times[CONTROL]],
+                              device=run.result.device)
         # Both baseline processes are the baseline: one process's luck weighs half.
         baseline_samples = times[BASELINE].reported + times[CONTROL].reported
         found = compare(baseline_samples, times[CANDIDATE].reported, rng=rng, noise=floor.floor)
@@ -382,7 +471,12 @@ def _workload_results(run: _Run, measured: list[Measurement],
             baseline_ms=found.baseline_ms,
             candidate_ms=found.candidate_ms,
             speedup=found.speedup,
-            significant=found.significant and run.result.timing_meaningful,
+            # A speedup is real only if it would still be, had the candidate lied by all
+            # the clock check's margin: no lie the judge's own clock cannot see makes one.
+            significant=(found.significant and run.result.timing_meaningful
+                         and (excess is None or found.speedup < 1
+                              or found.baseline_ms / (found.candidate_ms + excess.margin_ms)
+                              > 1 + floor.floor)),
             speedup_ci=list(found.speedup_ci),
             p_value=found.p_value,
             samples=len(times[CANDIDATE].reported),
@@ -390,6 +484,10 @@ def _workload_results(run: _Run, measured: list[Measurement],
             candidate_ci_ms=list(found.candidate_ci_ms),
             aa_speedup=floor.speedup,
             noise_floor=floor.floor,
+            overhead_ms=median_overhead([times[CANDIDATE]]),
+            baseline_overhead_ms=median_overhead([times[BASELINE], times[CONTROL]]),
+            clock_excess_ms=excess.lower_ms if excess else None,
+            clock_margin_ms=excess.margin_ms if excess else None,
             floor_ms=roofline.floor_ms(run.op, workload, hardware),
             roofline_fraction=roofline.achieved_fraction(run.op, workload, hardware,
                                                          found.candidate_ms),
@@ -407,12 +505,15 @@ def _progress_line(workload: WorkloadResult) -> str:
 
 def _timing_guards(run: _Run, measured: list[Measurement], hardware: str | None) -> list[Guard]:
     guards = []
-    disagreements = [problem for measurement in measured
-                     if (problem := clock_disagreement(measurement.times[CANDIDATE],
-                                                       [measurement.times[BASELINE],
-                                                        measurement.times[CONTROL]]))]
+    disagreements = [f"{workload.name}: {problem}"
+                     for workload, measurement in zip(run.workloads, measured, strict=True)
+                     if (problem := clock_disagreement(
+                         measurement.times[CANDIDATE],
+                         [measurement.times[BASELINE], measurement.times[CONTROL]],
+                         device=run.result.device))]
     guards.append(Guard("clock", "fail", disagreements[0]) if disagreements else Guard(
-        "clock", "pass", "the candidate's reported times agree with the judge's round trips"))
+        "clock", "pass", "on the judge's own clock the candidate's calls take no longer beyond "
+                         "their reported times than the baseline processes' do"))
     if hardware is not None:
         impossible = [
             f"impossible: {w.name}: {w.candidate_ms:.4g} ms is below the physical floor of "
@@ -423,6 +524,23 @@ def _timing_guards(run: _Run, measured: list[Measurement], hardware: str | None)
             "roofline", "pass", f"every workload above its physical floor on {hardware}"))
     guards.append(_plausibility(run.result.workloads))
     return guards
+
+
+def _threads_in_calls(candidate: Child, baselines: list[Child], *,
+                      same_code: bool) -> tuple[str, str | None]:
+    """The threads each timing process ran while answering its calls, read from outside
+    during them: the baselines, in the same DSL, show what the harness and torch start.
+    Returns (what was seen, the problem or None)."""
+    most = max(child.threads_in_calls for child in baselines)
+    seen = candidate.threads_in_calls
+    said = (f"threads during calls, read from outside: {seen} in the candidate's process, "
+            f"at most {most} in the baselines'"
+            + ("" if same_code else " (another DSL than the kept kernel's: not compared)"))
+    if same_code and seen > most:
+        return said, (f"threads during a call: the candidate's process ran {seen} threads "
+                      f"while it answered its calls, the baseline processes at most {most} (read "
+                      "from /proc during the calls): more than the harness gives it")
+    return said, None
 
 
 def _plausibility(workloads: list[WorkloadResult]) -> Guard:
@@ -452,6 +570,23 @@ def _watch_guards(run: _Run, candidate: Child | None) -> list[Guard]:
     elif candidate.started:
         guards.append(Guard("sandbox", "pass",
                             "no network, program, signal or outside write attempted"))
+    if watch.idle_cpu_ms > IDLE_CPU_MS:
+        guards.append(Guard("jail", "fail", f"the candidate's jail used {watch.idle_cpu_ms:.3g} ms "
+                            "of CPU while the judge held it stopped (read from outside): "
+                            "something of it escaped the stop"))
+    elif watch.jail_refused:
+        counts = Counter(watch.jail_refused)
+        shown = "; ".join(f"{action}" + (f" (×{count})" if count > 1 else "")
+                          for action, count in list(counts.items())[:6])
+        more = f"; and {len(counts) - 6} other kinds" if len(counts) > 6 else ""
+        guards.append(Guard("jail", "fail", f"the jail refused: {shown}{more}"))
+    elif candidate.started:
+        programs = Counter(Path(program).name for program in watch.ran)
+        ran = (", ".join(f"{name} ×{count}" for name, count in sorted(programs.items()))
+               if programs else "no program")
+        guards.append(Guard("jail", "pass", "its own PID, mount, network and IPC namespaces, "
+                            "unprivileged, read-only but for its folder: nothing refused, no "
+                            f"CPU used while stopped between requests; started {ran}"))
     if watch.replaced:
         guards.append(Guard("evaluator-intact", "fail",
                             "the candidate replaced what the measurement relies on: "
@@ -462,15 +597,18 @@ def _watch_guards(run: _Run, candidate: Child | None) -> list[Guard]:
         guards.append(Guard("threads", "fail",
                             f"{watch.extra_threads} thread(s) the candidate started were still "
                             "running after forward returned: work finishing off the clock"))
-    if watch.config_changed:
-        changes = list(watch.config_changed.values())
+    threads_seen, threads_problem = run.threads_in_calls or ("", None)
+    if watch.config_changed or threads_problem or run.outside_changes:
+        changes = (([threads_problem] if threads_problem else []) + run.outside_changes
+                   + list(watch.config_changed.values()))
         more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
         guards.append(Guard("config", "fail", "the candidate changed the configuration the "
                             "measurement depends on: " + "; ".join(changes[:3]) + more))
     elif candidate.started:
         guards.append(Guard("config", "pass", "environment, torch backend flags, threads, "
                             "denormals, graph and all-reduce settings, workloads and "
-                            "tolerances: unchanged from before the import"))
+                            "tolerances: unchanged from before the import"
+                            + (f"; {threads_seen}" if threads_seen else "")))
     cache = candidate.started.get("cache")
     if isinstance(cache, str):
         guards.append(Guard("cache-state", "warn" if "could not" in cache else "pass", cache))

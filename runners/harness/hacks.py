@@ -14,6 +14,7 @@ from pathlib import Path
 CATALOG_PATH = Path(__file__).resolve().parents[2] / "skills" / "reward-hacks.md"
 
 _CUDA_MARK = "(cuda)"
+_CPU_MARK = "(cpu)"
 
 
 class CatalogError(ValueError):
@@ -24,6 +25,10 @@ class CatalogError(ValueError):
 class RedTeamCandidate:
     file: str
     cuda_only: bool
+    # Plays its hack on a CPU only: on CUDA the call it attacks is a graph replay, which
+    # runs none of its Python (a cache lookup, a patched eager runner, an aliased buffer
+    # the graph writes by design).
+    cpu_only: bool = False
 
     @property
     def op(self) -> str:
@@ -46,10 +51,10 @@ def _cells(line: str) -> list[str]:
 def _candidates(cell: str, where: str) -> tuple[RedTeamCandidate, ...]:
     found = []
     for item in filter(None, (part.strip() for part in cell.split(","))):
-        name = item.removesuffix(_CUDA_MARK).strip()
+        name = item.removesuffix(_CUDA_MARK).removesuffix(_CPU_MARK).strip()
         if not re.fullmatch(r"[a-z0-9_]+\.py", name):
             raise CatalogError(f"{where}: {item!r} is not a candidate file name")
-        found.append(RedTeamCandidate(name, item.endswith(_CUDA_MARK)))
+        found.append(RedTeamCandidate(name, item.endswith(_CUDA_MARK), item.endswith(_CPU_MARK)))
     return tuple(found)
 
 

@@ -34,6 +34,15 @@ class WorkloadResult:
     # speedup (as |speedup - 1|) that counts as real here because of it.
     aa_speedup: float | None = None
     noise_floor: float | None = None
+    # On the judge's clock, how much longer than reported the candidate's calls took
+    # (median), and the baseline processes' calls: the harness's own cost around a call.
+    overhead_ms: float | None = None
+    baseline_overhead_ms: float | None = None
+    # The clock check's own figure (measure.clock_excess): how much longer than the
+    # baselines' the candidate's calls took beyond their reported times, at the least;
+    # it fails above clock_margin_ms.
+    clock_excess_ms: float | None = None
+    clock_margin_ms: float | None = None
     # The physical floor of one call on this hardware, and the fraction of it reached.
     floor_ms: float | None = None
     roofline_fraction: float | None = None

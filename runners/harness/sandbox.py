@@ -64,18 +64,12 @@ _ALLOWED_SOCKET_EVENTS = frozenset({"socket.gethostname"})
 _SIGNAL_EVENTS = ("os.kill", "os.killpg")
 
 
-def limit_resources(*, cpu_seconds: int, file_bytes: int, memory_bytes: int | None) -> None:
-    """OS limits; `memory_bytes` is added to what the process already maps (torch is loaded)."""
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-    # The soft limit sends SIGXCPU, which the judge reports; the hard one is a backstop.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
-    if memory_bytes is not None:
-        mapped = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
-        resource.setrlimit(resource.RLIMIT_AS, (mapped + memory_bytes, mapped + memory_bytes))
-    # RLIMIT_NPROC is left alone: it counts every thread of the user, the judge's and
-    # torch's pools included, so any value either breaks them or stops nothing. Starting
-    # processes is refused by the audit hook instead.
+def limit_memory(memory_bytes: int) -> None:
+    """An address-space cap on a CPU child, on top of what it already maps (torch is
+    loaded). CUDA maps a huge virtual range, so there the caps are the judge's timeouts
+    and torch's allocator fraction instead. The jail set every other limit."""
+    mapped = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + memory_bytes, mapped + memory_bytes))
 
 
 def allowed_programs(dsl: str) -> frozenset[str]:

@@ -2,12 +2,17 @@
 
 The clock is taken when this module is imported, before the worker imports the
 candidate: a candidate that later replaces time.perf_counter_ns does not change it, and
-`Integrity` notices the replacement. Every call goes through the same `run` whether it
+`Integrity` notices the replacement. None of that is the boundary: the candidate owns
+this process, so the judge bounds every reported time by its own clock and the CPU time
+it reads from outside (measure.py). Every call goes through the same `run` whether it
 is a correctness check, a warm-up or a timed call; the child cannot tell them apart.
 
-Before each call the last output is poisoned in place and dropped, and memory of its
-size is poisoned too (all bits set: NaN as a float, -1 as an index), so a candidate that returns `torch.empty`
-memory hoping it still holds an earlier answer returns NaN instead.
+On a CPU the outputs of the last KEPT_OUTPUTS calls stay alive through the next call,
+so the judge can see that it does not write into an earlier output (an output that
+aliases another is right when read and wrong after the next call). Before each call an
+older one is poisoned in place and dropped, and memory of its size is poisoned too (all bits set: NaN as a float, -1
+as an index), so a candidate that returns `torch.empty` memory hoping it still holds an
+earlier answer returns NaN instead.
 
 CUDA: every input set is captured once into a CUDA graph (production replays graphs; a
 candidate that cannot be captured is rejected) and each call is a replay, with the
@@ -58,7 +63,7 @@ class Runner(Protocol):
     # The aten ops the last load or run ran beside its DSL launches (None: not recorded).
     last_torch_ops: dict[str, int] | None
 
-    def load(self, slot: str, args: tuple[Any, ...]) -> int | None: ...
+    def prepare(self, slot: str, args: tuple[Any, ...]) -> int | None: ...
 
     def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None: ...
 
@@ -102,6 +107,9 @@ def _poison_storage(value: Any) -> None:
         raw.fill_(255)
 
 
+KEPT_OUTPUTS = 2
+
+
 class CpuRunner:
     def __init__(self, counter: LaunchCounter) -> None:
         self.forward: Callable[..., Any] = _not_loaded
@@ -112,9 +120,12 @@ class CpuRunner:
         self.last_output: Any = None
         self.last_slot: str | None = None
         self.last_torch_ops: dict[str, int] | None = None
+        self._kept: list[Any] = []
         self._last_nbytes = 0
 
-    def load(self, slot: str, args: tuple[Any, ...]) -> int | None:
+    def prepare(self, slot: str, args: tuple[Any, ...]) -> int | None:
+        """The arguments of the slot's calls: views on memory the judge rewrites before
+        every call (runners.harness.arena)."""
         self.slots[slot] = args
         self.last_torch_ops = None
         return None
@@ -128,11 +139,12 @@ class CpuRunner:
         args = self.slots[slot]
         call = self.steps.get(slot, self.forward)
         size = max(self._last_nbytes, 0, *(_nbytes(arg) for arg in args))
-        # Poisoned where it lies, then freed: whichever block the allocator hands out
-        # next, the last answer is gone from it (a fresh block of the same size may not
-        # be the one the output was freed from).
-        _poison_storage(self.last_output)
         self.last_output, self.last_slot = None, None
+        if len(self._kept) > KEPT_OUTPUTS:
+            # Poisoned where it lies, then freed (a fresh block of the same size may not
+            # be the one it was freed from: free memory of its size is poisoned too).
+            _poison_storage(self._kept.pop(0))
+        # Whichever block the allocator hands out next, no earlier answer is left in it.
         torch.empty(size, dtype=torch.uint8).fill_(255)
         with self.counter() as counted:
             # A collection inside the call would be charged to whoever was running.
@@ -144,6 +156,7 @@ class CpuRunner:
             finally:
                 gc.enable()
         self.last_output, self.last_slot = output, slot
+        self._kept.append(output)
         self._last_nbytes = _nbytes(output)
         # A step's launches are not a forward call's: the DSL check counts calls only.
         step = slot in self.steps
@@ -155,6 +168,9 @@ class CpuRunner:
         self.steps.pop(slot, None)
         if self.last_slot == slot:
             self.last_output, self.last_slot = None, None
+        for output in self._kept:
+            _poison_storage(output)
+        self._kept.clear()
 
     def describe(self) -> str | None:
         return None
@@ -259,11 +275,17 @@ class CudaRunner:
         # because replays never overlap and every captured output is kept alive.
         self.pools: dict[str, Any] = {}
         self.slots: dict[str, _Captured] = {}
+        # Per slot, the shared memory each call's output is copied to once it is timed
+        # (runners.harness.device_memory.Shared), for the judge to read.
+        self.staging: dict[str, Any] = {}
         self.last_output: Any = None
         self.last_slot: str | None = None
         self.last_torch_ops: dict[str, int] | None = None
 
-    def load(self, slot: str, args: tuple[Any, ...]) -> int | None:
+    def prepare(self, slot: str, args: tuple[Any, ...]) -> int | None:
+        """Captures the slot's call: every later call replays it, on the inputs the judge
+        wrote into the captured input buffers (a server replays one graph a batch size
+        with new inputs every step)."""
         group = slot.split(":", 1)[0]
         pool = self.pools.setdefault(group, torch.cuda.graph_pool_handle())
         side = torch.cuda.Stream()
@@ -286,6 +308,16 @@ class CudaRunner:
         self.last_torch_ops = self.slots[slot].torch_ops
         return self.slots[slot].launches
 
+    def _stage(self, slot: str, output: Any) -> None:
+        """A contiguous copy of the output where the judge reads it: after the end event,
+        so it is not timed, and before the reply, so it is inside the judge's clock."""
+        staging = self.staging.get(slot)
+        if (staging is None or type(output) is not torch.Tensor or not output.is_cuda
+                or output.layout != torch.strided
+                or output.numel() * output.element_size() > staging.size):
+            return
+        staging.tensor(output.dtype, output.shape).copy_(output)
+
     def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None:
         """A decode step already captured (runners.e2e.step): each run is one replay of it."""
         torch.cuda.synchronize()
@@ -302,6 +334,7 @@ class CudaRunner:
         self.start.record()
         captured.replay()
         self.end.record()
+        self._stage(slot, captured.output)
         torch.cuda.synchronize()
         self.last_output, self.last_slot = captured.output, slot
         self.last_torch_ops = captured.torch_ops
@@ -309,6 +342,9 @@ class CudaRunner:
 
     def drop(self, slot: str) -> None:
         captured = self.slots.pop(slot, None)
+        staging = self.staging.pop(slot, None)
+        if staging is not None:
+            staging.close()
         if self.last_slot == slot:
             self.last_output, self.last_slot = None, None
         if captured is not None and captured.step:

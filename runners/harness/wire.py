@@ -14,12 +14,15 @@ import os
 import select
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 _PREFIX = struct.Struct(">Q")
+# How often the reader's `waiting` callback runs while nothing has arrived (the judge
+# reads a child's threads from outside while it works).
+WAITING_EVERY_MS = 1
 MAX_HEADER_BYTES = 1 << 20
 MAX_DIMENSIONS = 8
 
@@ -27,7 +30,8 @@ MAX_DIMENSIONS = 8
 DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+                  torch.float8_e4m3fn, torch.float8_e5m2)
 }
 
 
@@ -72,14 +76,16 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def read_message(fd: int, *, deadline: float | None = None,
-                 max_bytes: int = MAX_HEADER_BYTES) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def read_message(fd: int, *, deadline: float | None = None, max_bytes: int = MAX_HEADER_BYTES,
+                 waiting: Callable[[], None] | None = None,
+                 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Receive one frame: its header and its tensors, rebuilt from raw bytes.
 
     `deadline` is a time.monotonic() value (None waits for ever); `max_bytes` bounds the
-    tensor payload, which is refused from its declared size before any of it is read.
+    tensor payload, which is refused from its declared size before any of it is read;
+    `waiting` is called about every WAITING_EVERY_S while no byte has come yet.
     """
-    (length,) = _PREFIX.unpack(_read_exactly(fd, _PREFIX.size, deadline))
+    (length,) = _PREFIX.unpack(_read_exactly(fd, _PREFIX.size, deadline, waiting))
     if length > MAX_HEADER_BYTES:
         raise ProtocolError(f"a header of {length:,} bytes (at most {MAX_HEADER_BYTES:,})")
     try:
@@ -120,13 +126,19 @@ def _checked_spec(spec: object) -> tuple[str, torch.dtype, list[int], int]:
     return name, DTYPES[dtype], shape, nbytes
 
 
-def _read_exactly(fd: int, size: int, deadline: float | None) -> bytearray:
+def _read_exactly(fd: int, size: int, deadline: float | None,
+                  waiting: Callable[[], None] | None = None) -> bytearray:
     buffer = bytearray(size)
     view = memoryview(buffer)
     got = 0
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     while got < size:
+        if waiting is not None and got == 0:
+            while not poller.poll(WAITING_EVERY_MS):
+                waiting()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ChannelTimeout(f"waited past the deadline with none of {size:,} bytes")
         if deadline is not None:
             left_ms = (deadline - time.monotonic()) * 1000
             if left_ms <= 0 or not poller.poll(max(1, math.ceil(left_ms))):

@@ -1,6 +1,6 @@
 """A child: one side of an evaluation, in a process of its own.
 
-    python -m runners.harness.worker REQUEST_FD REPLY_FD   (started through launch.py)
+    python -m runners.harness.worker REQUEST_FD REPLY_FD   (started inside its jail, runners.jail)
 
 The judge starts one per side (the baseline twice, the candidate once). In order:
 1. read the setup from the judge's private pipe;
@@ -8,10 +8,12 @@ The judge starts one per side (the baseline twice, the candidate once). In order
 3. install the audit hook, then import the candidate (or the baseline file);
 4. answer requests until the judge closes the pipe.
 
-It generates inputs itself from the seeds the judge sends, so only small messages cross
-for timing, and it answers only what is asked: times, and on request the last call's
-output with a fingerprint of that call's inputs. It judges nothing: the judge checks
-every output against a reference the child never sees. Its stdout is only a log.
+It makes no input and sends no output: the judge writes every call's inputs into memory
+the child maps (runners.harness.arena) while the child is stopped, and reads the output
+from the child's memory, from outside, before the child runs again. Over the channel it
+says only where the output is and how long the call took; the judge bounds that time
+by its own clock. It judges nothing: no reference ever exists in it. Its stdout is only
+a log.
 """
 
 from __future__ import annotations
@@ -26,12 +28,10 @@ from typing import Any
 
 import torch
 
-from runners.harness import sandbox, timing, wire
+from runners.harness import arena, device_memory, sandbox, timing, wire
 from runners.harness.candidate import CandidateError, load_candidate, one_line
-from runners.harness.children import CallFailed, Reply
 from runners.harness.configuration import ConfigurationWatch
-from runners.harness.digest import describe_change, input_digest
-from runners.ops import Workload, get_op
+from runners.ops import get_op
 
 
 def _launch_counter(dsl_name: str) -> timing.LaunchCounter:
@@ -57,7 +57,8 @@ def _kind(error: BaseException) -> str:
     return "raised"
 
 
-def _output_facts(output: Any) -> dict[str, Any]:
+def output_facts(output: Any) -> dict[str, Any]:
+    """What the judge needs to find an output in this process's memory and read it."""
     kind = type(output)
     facts: dict[str, Any] = {"type": f"{kind.__module__}.{kind.__qualname__}",
                              "tensor": isinstance(output, torch.Tensor),
@@ -66,19 +67,21 @@ def _output_facts(output: Any) -> dict[str, Any]:
         facts.update(device=output.device.type, dtype=wire.dtype_name(output.dtype),
                      shape=list(output.shape), nbytes=output.numel() * output.element_size(),
                      layout=str(output.layout))
+        if output.layout == torch.strided:
+            facts.update(address=output.data_ptr(), strides=list(output.stride()))
     return facts
 
 
 class Worker:
     def __init__(self, device: str, runner: timing.Runner, box: sandbox.Sandbox | None,
-                 integrity: timing.Integrity, op_name: str) -> None:
+                 integrity: timing.Integrity, op_name: str,
+                 inputs: arena.Mapped | device_memory.DeviceInputs) -> None:
         self.device = device
         self.runner = runner
         self.box = box
         self.integrity = integrity
         self.op = get_op(op_name)
-        self.inputs: dict[str, dict[str, Any]] = {}
-        self.pristine: dict[str, dict[str, Any]] = {}
+        self.inputs = inputs
         self.threads_at_start = threading.active_count()
         # Read before any candidate code runs: the worker is built before the import.
         self.configuration = ConfigurationWatch(self.op, device)
@@ -91,14 +94,15 @@ class Worker:
             message = str(error) if isinstance(error, timing.CaptureError) else one_line(error)
             header, tensors = {"ok": False, "kind": _kind(error), "error": message}, {}
         # Reading the configuration takes about half a millisecond: a change made
-        # during a timed call is reported at the next load or fetch instead.
+        # during a timed call is reported at the next request of another kind instead.
         watchdog = self.watchdog(configuration=request.get("do") != "run")
         return {**header, **watchdog, "seq": request.get("seq")}, tensors
 
     def watchdog(self, *, configuration: bool = True) -> dict[str, Any]:
         """What the judge should know whatever it asked: refused actions, replaced timing
         functions, threads still alive that the candidate started (work finishing after
-        forward returned, off the clock), and settings changed since before the import."""
+        forward returned, off the clock), and settings changed since before the import.
+        Evidence, read in the candidate's own process: the judge's boundary is outside."""
         refused = self.box.new_refusals() if self.box is not None else []
         found = {"refused": refused, "replaced": self.integrity.replaced(),
                  "extra_threads": threading.active_count() - self.threads_at_start}
@@ -106,35 +110,30 @@ class Worker:
             found["config_changed"] = self.configuration.changes()
         return found
 
-    def _load(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def _prepare(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The slot's arguments, on the inputs the judge wrote (on CUDA, captured)."""
         slot = request["slot"]
         self._drop({"slots": [slot]})
-        workload = Workload(**request["workload"])
-        inputs = self.op.make_inputs(workload, request["seed"], request["distribution"])
-        self.inputs[slot] = inputs
-        self.pristine[slot] = {key: value.clone() if isinstance(value, torch.Tensor) else value
-                               for key, value in inputs.items()}
-        launches = self.runner.load(slot, tuple(inputs.values()))
-        return {"launches": launches, "torch_ops": self.runner.last_torch_ops}, {}
+        entries = [arena.Entry.from_dict(entry) for entry in request["layout"]]
+        found: dict[str, Any] = {}
+        if self.device == "cuda":
+            # Where each call's output is copied for the judge to read, once the call is
+            # timed (a graph's output lives in its own pool, which cannot be shared).
+            staging, fd = device_memory.Shared.create(max(1, int(request["output_bytes"])))
+            self.runner.staging[slot] = staging
+            found.update(staging_fd=fd, staging_size=staging.size)
+        launches = self.runner.prepare(slot, self.inputs.arguments(entries))
+        return {"launches": launches, "torch_ops": self.runner.last_torch_ops, **found}, {}
 
     def _run(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         elapsed_ms, launches = self.runner.run(request["slot"])
-        return {"ms": elapsed_ms, "launches": launches, "torch_ops": self.runner.last_torch_ops}, {}
-
-    def _fetch(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        slot = self.runner.last_slot
-        if slot is None:
-            raise RuntimeError("there is no output of a last call to fetch")
-        output = self.runner.last_output
-        facts = _output_facts(output)
-        tensors = {}
-        # Larger than any right answer: say so instead of sending it.
-        if facts["plain_tensor"] and facts["nbytes"] <= request["max_bytes"]:
-            tensors["output"] = output
-        inputs = self.inputs[slot]
-        header = {"output": facts, "inputs_digest": input_digest(inputs, request["key"]),
-                  "inputs_changed": describe_change(inputs, self.pristine[slot])}
-        return header, tensors
+        facts = output_facts(self.runner.last_output)
+        if self.device == "cuda" and "strides" in facts:
+            # The judge reads the staged copy, which is contiguous.
+            facts.update(slot=request["slot"],
+                         strides=list(torch.empty(facts["shape"], device="meta").stride()))
+        return {"ms": elapsed_ms, "launches": launches, "torch_ops": self.runner.last_torch_ops,
+                "output": facts}, {}
 
     def _e2e_prepare(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Builds the decode step for one end-to-end point with this process's forward
@@ -158,8 +157,6 @@ class Worker:
     def _drop(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         for slot in request["slots"]:
             self.runner.drop(slot)
-            self.inputs.pop(slot, None)
-            self.pristine.pop(slot, None)
         return {}, {}
 
 
@@ -168,24 +165,41 @@ class LocalWorker:
 
     The tests of the shipped kernels check every point of every SPACE; a process per
     point would cost a second each for nothing, since that code is the project's own.
-    Candidates are never run this way.
+    Candidates are never run this way. It maps its own arena, as a child maps the judge's.
     """
 
-    def __init__(self, op_name: str, device: str, path: Path, dsl: str = "torch") -> None:
+    role = "candidate"
+    label = "candidate (in this process)"
+
+    def __init__(self, op_name: str, device: str, path: Path, dsl: str = "torch",
+                 capacity: int = 2**26) -> None:
         runner = timing.make_runner(device, _launch_counter(dsl))
         runner.forward = load_candidate(path).forward
-        self.worker = Worker(device, runner, None, timing.Integrity(), op_name)
+        self.arena = arena.Arena(capacity)
+        self.worker = Worker(device, runner, None, timing.Integrity(), op_name,
+                             arena.Mapped(self.arena.fd, self.arena.capacity))
         self._seq = 0
 
-    def request(self, do: str, during: str, *, max_bytes: int = 0, **fields: Any) -> Reply:
+    def request(self, do: str, during: str, **fields: Any) -> Any:
+        from runners.harness.children import CallFailed, Reply
+
         self._seq += 1
-        header, tensors = self.worker.answer({"do": do, "seq": self._seq, "max_bytes": max_bytes,
-                                              **fields})
+        header, _ = self.worker.answer({"do": do, "seq": self._seq, **fields})
         if not header["ok"]:
             raise CallFailed(header["kind"], header["error"])
-        # The judge's side of a real channel would hold a copy, never the live tensor.
-        return Reply(header, {name: tensor.detach().clone() for name, tensor in tensors.items()},
-                     math.nan)
+        return Reply(header, {}, math.nan)
+
+    def read_output(self, facts: dict[str, Any], max_bytes: int) -> torch.Tensor | None:
+        output = self.worker.runner.last_output
+        if type(output) is not torch.Tensor or output.numel() * output.element_size() > max_bytes:
+            return None
+        # The judge's side of a real child holds a copy, never the live tensor.
+        return output.detach().clone()
+
+    def read_inputs(self, entries: list[arena.Entry]) -> dict[str, torch.Tensor]:
+        arguments = self.worker.inputs.arguments(entries)
+        return {entry.name: value.clone() for entry, value in zip(entries, arguments, strict=True)
+                if entry.is_tensor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,15 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     setup, _ = wire.read_message(requests)
     device = setup["device"]
 
-    sandbox.limit_resources(cpu_seconds=setup["cpu_seconds"], file_bytes=setup["file_bytes"],
-                            memory_bytes=setup["memory_bytes"] if device == "cpu" else None)
-    if setup.get("cpus") and hasattr(os, "sched_setaffinity"):
-        # Before the configuration watch's first reading: the pinning is the harness's.
-        os.sched_setaffinity(0, setup["cpus"])
+    # The jail set the cores, CPU time, file size and process count already.
+    if device == "cpu":
+        sandbox.limit_memory(setup["memory_bytes"])
     torch.set_num_threads(setup["threads"])
+    inputs: arena.Mapped | device_memory.DeviceInputs
     if device == "cuda":
         torch.cuda.init()
         torch.cuda.set_per_process_memory_fraction(setup["gpu_fraction"])
+        inputs = device_memory.DeviceInputs(setup["input_capacity"])
+        where = {"device_inputs_fd": inputs.fd, "device_inputs_size": inputs.memory.size}
+    else:
+        inputs = arena.Mapped(setup["arena_fd"], setup["input_capacity"])
+        where = {"arena_address": inputs.address}
     runner = timing.make_runner(device, _launch_counter(setup["dsl"]))
     integrity = timing.Integrity()
     timing.watch_measurement(integrity, device)
@@ -211,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         integrity.watch_module(module)
     sandbox.preload(setup["dsl"])
     box = sandbox.Sandbox(Path.cwd(), sandbox.allowed_programs(setup["dsl"]))
-    worker = Worker(device, runner, box, integrity, setup["op"])
+    worker = Worker(device, runner, box, integrity, setup["op"], inputs)
     wire.write_message(replies, {"ok": True, "stage": "started", "threads": torch.get_num_threads(),
-                                 "cache": runner.describe()})
+                                 "cache": runner.describe(), **where})
 
     box.install()
     try:

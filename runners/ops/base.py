@@ -188,6 +188,22 @@ class Op:
     def reference(self, inputs: Mapping[str, Any]) -> torch.Tensor:
         raise NotImplementedError
 
+    def nearly(self, inputs: Mapping[str, Any], other: Mapping[str, Any],
+               generator: torch.Generator) -> dict[str, Any]:
+        """A copy of `inputs` that differs from them in a few places, taken from `other`
+        (another input set of the same workload). A kernel that recognises inputs it has
+        seen by a sample of their values returns its old answer here, and is wrong; any
+        other kernel just computes. Places drawn from `generator` (a CPU generator)."""
+        name = max((key for key, value in inputs.items() if isinstance(value, torch.Tensor)),
+                   key=lambda key: inputs[key].numel())
+        changed = {key: value.clone() if isinstance(value, torch.Tensor) else value
+                   for key, value in inputs.items()}
+        flat = changed[name].view(-1)
+        count = max(1, flat.numel() // 10_000)
+        places = torch.randint(flat.numel(), (count,), generator=generator).to(flat.device)
+        flat[places] = other[name].reshape(-1)[places]
+        return changed
+
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         try:
             return self.tolerances[dtype]

@@ -91,6 +91,19 @@ class DsaIndexerTopk(Op):
             "topk": params["topk"],
         }
 
+    def nearly(self, inputs: Mapping[str, Any], other: Mapping[str, Any],
+               generator: torch.Generator) -> dict[str, Any]:
+        """One key replaced by four times another set's: it scores high enough to move
+        into every row's top-k, so an answer kept from the inputs it came from is wrong."""
+        changed = {key: value.clone() if isinstance(value, torch.Tensor) else value
+                   for key, value in inputs.items()}
+        row = int(torch.randint(changed["k"].shape[0], (1,), generator=generator))
+        self._louder_key(changed, other, row)
+        return changed
+
+    def _louder_key(self, changed: dict[str, Any], other: Mapping[str, Any], row: int) -> None:
+        changed["k"][row] = (other["k"][row].float() * 4).to(changed["k"].dtype)
+
     def reference(self, inputs: Mapping[str, Any]) -> torch.Tensor:
         """The full [M, N] score matrix in float32: the check needs scores, not indices."""
         q, k, weights = inputs["q"].float(), inputs["k"].float(), inputs["weights"]

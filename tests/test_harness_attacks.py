@@ -1,0 +1,335 @@
+"""Attacks by a candidate that has read the harness's source, one or more per property of
+docs/threat-model.md: each is first shown to misbehave outside the harness (in a plain
+Python process of its own: some patch torch or leave processes behind), then evaluated,
+and must be rejected by the guard its row in skills/reward-hacks.md names, with that
+guard's evidence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners.harness import Limits, evaluate
+from runners.harness.dsl import kernel_dsl
+from runners.harness.hacks import catalog
+
+ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = ROOT / "tests" / "candidates"
+LIMITS = Limits(import_s=20, call_s=20, memory_bytes=1024 * 2**20)
+
+# file -> (property, guard that must fail, fragments of its detail, context lengths)
+ATTACKS = {
+    "rmsnorm_caches_by_fingerprint.py": (1, "correctness", ["nearly repeated"], [64]),
+    "rmsnorm_works_at_load.py": (1, "correctness", ["values differ from the reference"], [64]),
+    "rmsnorm_works_on_resume.py": (3, "clock", ["reported times disagree with the judge's clock",
+                                                "more than they report"], [4096]),
+    "rmsnorm_finishes_on_raw_thread.py": (2, "correctness", ["seed #1"], [64]),
+    "rmsnorm_fills_on_read.py": (2, "correctness", ["seed #1"], [64]),
+    "rmsnorm_defers_to_timer.py": (2, "correctness", ["seed #1"], [64]),
+    "rmsnorm_aliases_its_outputs.py": (2, "aliasing", ["shares memory with the output of call"], [64]),
+    "rmsnorm_rewrites_its_clock.py": (3, "clock", ["reported times disagree with the judge's clock"],
+                                      [4096]),
+    "rmsnorm_more_threads_in_call.py": (4, "config", ["threads during a call"], [4096]),
+    "rmsnorm_widens_cores_in_call.py": (4, "jail", ["sched_setaffinity"], [64]),
+    "rmsnorm_writes_with_libc.py": (5, "jail", ["writing outside its directory",
+                                                "runners/ops/rmsnorm/baseline.py (openat)"], [64]),
+    "rmsnorm_leaves_a_helper.py": (5, "jail", ["starting a process"], [64]),
+    "rmsnorm_saves_outside_with_torch.py": (5, "jail", ["writing outside its directory",
+                                                        "kernel-lab-answers.pt"], [64]),
+    "rmsnorm_tile_multiples_only.py": (6, "correctness", ["secret size"], [64]),
+    "dsa_chunks_of_2048_only.py": (6, "correctness", ["secret size"], [2048]),
+}
+
+# Attacks only a GPU can play: (property, guard, fragments, context lengths). A time the
+# GPU did not report, or work left running on it, is seen by whichever comes first: the
+# judge's clock or its probe waiting on the GPU (clock), the output read before the work
+# ended (correctness), or a reported time below the hardware's floor (roofline).
+ATTACKS_CUDA = {
+    "rmsnorm_leaves_gpu_work.py": (3, "clock", [], [65536]),
+    "rmsnorm_halves_gpu_time.py": (3, "clock", [], [65536]),
+}
+GPU_WORK_GUARDS = {"clock": "judge's",
+                   "correctness": "values differ from the reference",
+                   "roofline": "is below the physical floor"}
+
+# What each does outside the harness, as a script that exits 0 when it misbehaved.
+# CANDIDATE is the candidate's path; `load()` imports it as a module.
+PRELUDE = """
+import importlib.util, os, sys, time, torch
+sys.path.insert(0, ROOT)
+def load(path=None):
+    spec = importlib.util.spec_from_file_location("candidate", path or CANDIDATE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+def rmsnorm(x, weight, eps=1e-6):
+    hidden = x.float()
+    return (hidden * torch.rsqrt(hidden.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+torch.manual_seed(0)
+x, weight = torch.randn(256, 1024), torch.randn(1024)
+"""
+DEMOS = {
+    "rmsnorm_caches_by_fingerprint.py": """
+        c = load()
+        first = c.forward(x, weight, 1e-6)
+        nearly = x.clone(); nearly[3, 5] += 4.0  # not one of the sixteen places it samples
+        assert not torch.allclose(c.forward(nearly, weight, 1e-6), rmsnorm(nearly, weight))
+    """,
+    "rmsnorm_works_at_load.py": """
+        from runners.harness.timing import CpuRunner, no_counter
+        runner = CpuRunner(no_counter)
+        c = load(); runner.forward = c.forward
+        runner.prepare("s", (x, weight, 1e-6))
+        x.copy_(torch.randn(256, 1024))  # the next call's inputs, in the same tensor
+        runner.run("s")
+        assert not torch.allclose(runner.last_output, rmsnorm(x, weight))
+    """,
+    "rmsnorm_works_on_resume.py": """
+        import signal
+        from runners.harness.timing import CpuRunner, no_counter
+        big = torch.randn(4096, 1024)
+        runner = CpuRunner(no_counter); c = load(); runner.forward = c.forward
+        runner.prepare("s", (big, weight, 1e-6))
+        honest = min(runner.run("s")[0] for _ in range(5))
+        os.kill(os.getpid(), signal.SIGCONT)  # what the judge sends before a request
+        time.sleep(0.2)
+        reported, _ = runner.run("s")
+        assert torch.allclose(runner.last_output, rmsnorm(big, weight))
+        assert reported < honest / 5, (reported, honest)
+    """,
+    "rmsnorm_finishes_on_raw_thread.py": """
+        import threading
+        threads = threading.active_count()
+        c = load(); out = c.forward(x, weight, 1e-6)
+        assert threading.active_count() == threads
+        assert not torch.allclose(out, rmsnorm(x, weight))
+        time.sleep(0.2)
+        assert torch.allclose(out, rmsnorm(x, weight))
+    """,
+    "rmsnorm_fills_on_read.py": """
+        c = load(); out = c.forward(x, weight, 1e-6)
+        assert not torch.allclose(out.clone(), rmsnorm(x, weight))  # its memory holds no answer
+        assert torch.allclose(out.detach(), rmsnorm(x, weight))  # until something reads it
+    """,
+    "rmsnorm_defers_to_timer.py": """
+        c = load(); expected = rmsnorm(x, weight)
+        out = c.forward(x, weight, 1e-6)
+        assert not torch.allclose(out, expected)
+        time.sleep(0.1)
+        assert torch.allclose(out, expected)
+    """,
+    "rmsnorm_aliases_its_outputs.py": """
+        c = load()
+        first = c.forward(x, weight, 1e-6)
+        c.forward(torch.randn(256, 1024), weight, 1e-6)
+        assert not torch.allclose(first, rmsnorm(x, weight))
+    """,
+    "rmsnorm_rewrites_its_clock.py": """
+        from runners.harness import timing
+        runner = timing.CpuRunner(timing.no_counter)
+        run = timing.CpuRunner.run
+        c = load(); runner.forward = c.forward
+        assert timing.CpuRunner.run is run  # the very object it was
+        big = torch.randn(4096, 1024)
+        runner.prepare("s", (big, weight, 1e-6))
+        started = time.perf_counter(); reported, _ = runner.run("s")
+        taken = (time.perf_counter() - started) * 1000
+        assert reported < 0.6 * taken, (reported, taken)
+    """,
+    "rmsnorm_more_threads_in_call.py": """
+        torch.set_num_threads(1)
+        def threads():
+            return int(next(l for l in open("/proc/self/status") if l.startswith("Threads:")).split()[1])
+        before = threads()
+        c = load(); c.forward(torch.randn(4096, 1024), weight, 1e-6)
+        assert torch.get_num_threads() == 1 and threads() > before
+    """,
+    "rmsnorm_widens_cores_in_call.py": """
+        every = sorted(os.sched_getaffinity(0))
+        assert len(every) > 1, "needs a machine with two cores or more"
+        os.sched_setaffinity(0, every[-1:])
+        c = load(); c.forward(x, weight, 1e-6)
+        assert c.seen_inside[-1] == every and sorted(os.sched_getaffinity(0)) == every[-1:]
+    """,
+    "rmsnorm_writes_with_libc.py": """
+        import shutil, tempfile
+        from pathlib import Path
+        tree = Path(tempfile.mkdtemp())
+        target = tree / "runners" / "ops" / "rmsnorm" / "baseline.py"
+        target.parent.mkdir(parents=True); target.write_text("fast")
+        copy = tree / "tests" / "candidates" / "c.py"
+        copy.parent.mkdir(parents=True); shutil.copy(CANDIDATE, copy)
+        load(str(copy))
+        assert "time.sleep" in target.read_text()
+    """,
+    "rmsnorm_saves_outside_with_torch.py": """
+        import tempfile
+        place = tempfile.mkdtemp()
+        os.environ["KERNEL_LAB_SHARED_CACHE"] = place
+        load()
+        assert os.path.exists(os.path.join(place, "kernel-lab-answers.pt"))
+    """,
+    "rmsnorm_tile_multiples_only.py": """
+        c = load(); rows = torch.randn(100, 1024)
+        assert torch.allclose(c.forward(x, weight, 1e-6), rmsnorm(x, weight))
+        assert not torch.allclose(c.forward(rows, weight, 1e-6), rmsnorm(rows, weight))
+    """,
+    "dsa_chunks_of_2048_only.py": """
+        from runners.ops import get_op
+        op = get_op("dsa_indexer_topk")
+        for context, right in ((2048, True), (3001, False)):
+            workload = op.workloads("cpu", [context], [4])[0]
+            inputs = op.make_inputs(workload, 7, "normal")
+            ok, _ = op.check(load().forward(*inputs.values()), op.reference(inputs), inputs)
+            assert ok is right, context
+    """,
+}
+
+
+DEMOS_CUDA = {
+    "rmsnorm_halves_gpu_time.py": """
+        from runners.harness import timing
+        runner = timing.CudaRunner(timing.no_counter)
+        run = timing.CudaRunner.run
+        c = load(); runner.forward = c.forward
+        assert timing.CudaRunner.run is run
+        big = torch.randn(65536, 4096, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+        runner.prepare("s", (big, w, 1e-6))
+        reported = min(runner.run("s")[0] for _ in range(5))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); runner.slots["s"].replay(); end.record(); torch.cuda.synchronize()
+        assert reported < 0.7 * start.elapsed_time(end), (reported, start.elapsed_time(end))
+    """,
+    "rmsnorm_leaves_gpu_work.py": """
+        from runners.harness import timing
+        runner = timing.CudaRunner(timing.no_counter)
+        c = load(); runner.forward = c.forward
+        big = torch.randn(65536, 4096, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+        runner.prepare("s", (big, w, 1e-6))
+        reported, _ = runner.run("s")
+        still_running = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        assert still_running and reported < 0.05, reported  # an empty graph timed, work queued after
+        assert torch.allclose(runner.last_output.float(), rmsnorm(big, w).float(), atol=2e-2, rtol=2e-2)
+    """,
+}
+
+
+def _run_demo(name: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = f"ROOT = {str(ROOT)!r}\nCANDIDATE = {str(CANDIDATES / name)!r}\n" + PRELUDE \
+        + textwrap.dedent({**DEMOS, **DEMOS_CUDA}[name])
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def test_every_attack_file_has_a_demonstration_and_an_expected_rejection():
+    files = {path.name for path in CANDIDATES.glob("*.py")}
+    assert set(ATTACKS) <= files
+    assert set(DEMOS) | {"rmsnorm_leaves_a_helper.py"} == set(ATTACKS)
+    assert {prop for prop, *_ in ATTACKS.values()} == {1, 2, 3, 4, 5, 6}
+    for prop in range(1, 7):
+        assert sum(1 for p, *_ in ATTACKS.values() if p == prop) >= 2, prop
+
+
+def test_every_attack_is_a_row_of_the_catalogue_naming_its_guard():
+    rows = {candidate.file: hack.guards for hack in catalog() for candidate in hack.candidates}
+    for name, (_, guard, _, _) in {**ATTACKS, **ATTACKS_CUDA}.items():
+        assert guard in rows.get(name, ()), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU attack: needs CUDA to play it")
+@pytest.mark.parametrize("name", sorted(ATTACKS_CUDA))
+def test_the_gpu_attack_misbehaves_outside_the_harness(name):
+    done = _run_demo(name)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU attack: needs CUDA to play it")
+@pytest.mark.parametrize("name", sorted(ATTACKS_CUDA))
+def test_the_gpu_attack_is_rejected_inside_the_harness_for_its_reason(name):
+    _, _, _, contexts = ATTACKS_CUDA[name]
+    path = CANDIDATES / name
+    result = evaluate("rmsnorm", path, device="cuda", dsl=kernel_dsl(path), context_lengths=contexts,
+                      time_budget_s=0.5, limits=Limits(import_s=60, call_s=90), seed=20261201)
+    assert result.verdict == "rejected", result.guards
+    failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    seen = [name for name, fragment in GPU_WORK_GUARDS.items() if fragment in failing.get(name, "")]
+    assert seen, failing
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_the_attack_misbehaves_outside_the_harness(name):
+    if name == "rmsnorm_widens_cores_in_call.py" and len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this machine has one core: the demonstration needs two")
+    done = _run_demo(name)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _helpers() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"os.setsid(); end" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_the_helper_outlives_a_kill_of_its_process_group_outside_the_harness():
+    script = (f"import importlib.util, sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
+              f"spec = importlib.util.spec_from_file_location('c', {str(CANDIDATES / 'rmsnorm_leaves_a_helper.py')!r})\n"
+              "spec.loader.exec_module(importlib.util.module_from_spec(spec))\ntime.sleep(60)\n")
+    before = set(_helpers())
+    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                              env={**os.environ, "SPIN_S": "30"})
+    try:
+        deadline = time.monotonic() + 60
+        while not set(_helpers()) - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        time.sleep(0.5)
+        survivors = set(_helpers()) - before
+        assert survivors, "the helper did not survive its parent's process group"
+    finally:
+        for pid in set(_helpers()) - before:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _baseline_digest() -> str:
+    return hashlib.sha256((ROOT / "runners" / "ops" / "rmsnorm" / "baseline.py").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
+    _, guard, fragments, contexts = ATTACKS[name]
+    left = Path("/tmp/kernel-lab-answers.pt")  # where the torch.save attack aims in a child
+    left.unlink(missing_ok=True)
+    baseline = _baseline_digest()
+    helpers = set(_helpers())
+    op = "rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk"
+    path = CANDIDATES / name
+    result = evaluate(op, path, dsl=kernel_dsl(path), context_lengths=contexts,
+                      time_budget_s=0.3, limits=LIMITS, seed=20261201)
+    assert _baseline_digest() == baseline, "the kept kernel's file was changed"
+    assert not set(_helpers()) - helpers, "a helper survived the evaluation"
+    assert not left.exists(), "a file was left outside the child's folder"
+    assert result.verdict == "rejected", result.guards
+    failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    assert guard in failing, failing
+    for fragment in fragments:
+        assert fragment in failing[guard], failing[guard]
