@@ -146,6 +146,11 @@ class WorkloadRow:
     p_value: float | None
     roofline_fraction: float | None
     noise_floor: float | None
+    # The first call at an unseen size beside this workload, candidate and kept kernel
+    # (runners.harness.new_shapes): what a serving engine pays at every new size.
+    first_call_shape: str | None = None
+    first_call_ms: float | None = None
+    first_call_baseline_ms: float | None = None
 
 
 def _pair(value: Any) -> tuple[float, float] | None:
@@ -189,6 +194,8 @@ def candidate_workload_rows(candidate: Candidate) -> tuple[str | None, list[Work
             speedup=w.get("speedup"), speedup_ci=_pair(w.get("speedup_ci")),
             significant=bool(w.get("significant")), p_value=w.get("p_value"),
             roofline_fraction=w.get("roofline_fraction"), noise_floor=w.get("noise_floor"),
+            first_call_shape=w.get("first_call_shape"), first_call_ms=w.get("first_call_ms"),
+            first_call_baseline_ms=w.get("first_call_baseline_ms"),
         ))
     return axis, rows
 

@@ -39,6 +39,8 @@ def recorded_result(speedups=(1.30, 1.24, 1.02, 0.99), *, names=RMSNORM_WORKLOAD
             "candidate_ci_ms": [base / speedup * 0.98, base / speedup * 1.02],
             "aa_speedup": 1.001, "noise_floor": 0.02, "floor_ms": 0.0013,
             "roofline_fraction": round(0.0013 / (base / speedup), 4),
+            "first_call_shape": f"{name}+3", "first_call_ms": 1.5 + position,
+            "first_call_baseline_ms": 1.2,
         })
     wins = any(w["significant"] and w["speedup"] > 1 for w in workloads)
     guards = [

@@ -32,7 +32,8 @@ ATTACKS = {
     "rmsnorm_caches_by_fingerprint.py": (1, "correctness", ["nearly repeated"], [64]),
     "rmsnorm_works_at_load.py": (1, "correctness", ["values differ from the reference"], [64]),
     "rmsnorm_works_on_resume.py": (3, "clock", ["reported times disagree with the judge's clock",
-                                                "more than they report"], [4096]),
+                                                "longer beyond their reported times"],
+                                   [4096]),
     "rmsnorm_finishes_on_raw_thread.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_fills_on_read.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_defers_to_timer.py": (2, "correctness", ["seed #1"], [64]),
@@ -277,15 +278,20 @@ def test_the_attack_misbehaves_outside_the_harness(name):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def _helpers() -> list[int]:
+def _helpers(*, detached: bool = False) -> list[int]:
+    """The helper processes alive now; with `detached`, only those that have already left
+    their parent's session (their cmdline shows up at exec, before `setsid` has run)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"os.setsid(); end" in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
+                if b"os.setsid(); end" not in (entry / "cmdline").read_bytes():
+                    continue
+                session = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3])
+            except (OSError, IndexError, ValueError):
                 continue
+            if not detached or session == int(entry.name):
+                found.append(int(entry.name))
     return found
 
 
@@ -298,7 +304,7 @@ def test_the_helper_outlives_a_kill_of_its_process_group_outside_the_harness():
                               env={**os.environ, "SPIN_S": "30"})
     try:
         deadline = time.monotonic() + 60
-        while not set(_helpers()) - before and time.monotonic() < deadline:
+        while not set(_helpers(detached=True)) - before and time.monotonic() < deadline:
             time.sleep(0.1)
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()

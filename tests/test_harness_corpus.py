@@ -25,7 +25,7 @@ THREADS = _thread_count()  # what the harness gives each child here
 # A call gets 6 s: the Triton candidates' first call runs the interpreter, which took
 # over 2 s on a loaded 2-core machine; a hang still ends quickly.
 LIMITS = Limits(import_s=2, call_s=6, memory_bytes=512 * 2**20)
-SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048]}
+SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048], "dsa_indexer_topk_paged": [2048]}
 
 # file -> (guard that must fail, fragments of its detail)
 PLANTED = {
@@ -61,6 +61,8 @@ PLANTED = {
     "rmsnorm_lies_about_time.py": ("clock", ["reported times disagree with the judge's clock"]),
     "dsa_off_by_one.py": ("correctness", ["fall short of the true top-256"]),
     "dsa_partial_write.py": ("correctness", ["fall short of the true top-256"]),
+    # Right on equal batches (tests/test_ops_paged.py shows it), wrong on mixed ones.
+    "dsa_paged_ignores_lengths.py": ("correctness", ["outside their row's prefix", "mixed"]),
     "dsa_wrong_dtype.py": ("correctness", ["output dtype is torch.int32, expected torch.int64"]),
     "dsa_duplicates.py": ("correctness", ["duplicate indices", "ctx=2048,m=4"]),
     "dsa_out_of_range.py": ("correctness", ["indices are outside [0, 2048)"]),
@@ -80,6 +82,7 @@ PLANTED = {
     "rmsnorm_predicts_inputs.py": ("correctness", ["values differ from the reference"]),
     "rmsnorm_reads_reference.py": ("correctness", ["values differ from the reference"]),
     "rmsnorm_drifts_after_check.py": ("timed-outputs", ["values differ from the reference", "timed call #"]),
+    "rmsnorm_compiles_per_shape.py": ("first-call", ["first call at t=", "a serving engine pays every step"]),
     "rmsnorm_tampers_evaluator.py": ("evaluator-intact", ["runners.harness.wire.write_message"]),
     "rmsnorm_sabotages_baseline.py": ("sandbox", ["writing outside its directory",
                                                   "runners/ops/rmsnorm/baseline.py"]),
@@ -100,6 +103,8 @@ CORRECT = ["rmsnorm_correct_functional.py", "rmsnorm_correct_rows.py", "dsa_corr
 
 
 def _op_of(name: str) -> str:
+    if name.startswith("dsa_paged"):
+        return "dsa_indexer_topk_paged"
     return "rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk"
 
 

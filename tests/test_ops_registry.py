@@ -20,18 +20,24 @@ from runners.ops.dsa_indexer_topk_fp8 import FP8, dequantize_rows, quantize_rows
 from runners.space import grid_points, read_literals
 
 
+ALL_OPS = ["rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
+           "dsa_indexer_topk_paged_fp8"]
+
+
 def test_it_lists_the_shipped_ops_sorted():
-    assert list_ops() == ["dsa_indexer_topk", "dsa_indexer_topk_fp8", "rmsnorm"]
+    assert list_ops() == ["dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
+                          "dsa_indexer_topk_paged_fp8", "rmsnorm"]
 
 
 def test_an_unknown_op_is_a_value_error_naming_the_known_ones():
     with pytest.raises(UnknownOpError) as raised:
         get_op("foo")
     assert isinstance(raised.value, ValueError)
-    assert str(raised.value) == "unknown op 'foo' (known: dsa_indexer_topk, dsa_indexer_topk_fp8, rmsnorm)"
+    assert str(raised.value) == ("unknown op 'foo' (known: dsa_indexer_topk, dsa_indexer_topk_fp8, "
+                                 "dsa_indexer_topk_paged, dsa_indexer_topk_paged_fp8, rmsnorm)")
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8"])
+@pytest.mark.parametrize("name", ALL_OPS)
 def test_each_op_declares_itself_and_ships_a_baseline_and_a_tunable_kernel(name):
     op = get_op(name)
     assert isinstance(op, Op) and op.name == name
@@ -107,7 +113,7 @@ def test_an_unknown_device_is_a_workload_error():
         get_op("rmsnorm").workloads("tpu")
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8"])
+@pytest.mark.parametrize("name", ALL_OPS)
 def test_inputs_depend_only_on_seed_and_distribution(name):
     op = get_op(name)
     workload = op.workloads("cpu")[0]
@@ -136,7 +142,7 @@ def test_tolerances_belong_to_the_op_and_are_tight_for_float32():
         op.tolerance(torch.float64)
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8"])
+@pytest.mark.parametrize("name", ALL_OPS)
 def test_flop_and_byte_counts_are_positive_and_grow_with_the_workload(name):
     op = get_op(name)
     small, large = op.workloads("cuda")[0], op.workloads("cuda")[-1]

@@ -239,6 +239,9 @@ def test_the_review_page_shows_the_evidence_a_reviewer_needs(client, people, wai
     assert guards.index("cache-state") < guards.index("correctness")
     assert "not measured" in html.split('id="e2e"')[1].split("</section>")[0]
     assert 'class="num roofline">6%' in html  # 1.3 µs floor / 23 µs
+    # What the first call at a size no timing process had seen cost, beside the kept kernel's.
+    first = html.split('id="workloads"')[1].split('class="num first-call">')[1].split("</td>")[0]
+    assert first.startswith("1.5 ") and "kept 1.2" in first and "+3</code>" in first
     # The thesis's idea (rendered), the op's kept history, the decision form.
     assert "<strong>blocks</strong>" in html and 'id="history"' in html
     assert 'id="decision-form"' in html and f'value="{waiting_win.commit}"' in html

@@ -251,12 +251,12 @@ class CallInputs:
         return self._nearly[call.distribution]
 
 
-def prepare(child: Requester, feed: Feed, slot: str, inputs: dict[str, Any], during: str) -> None:
+def prepare(child: Requester, feed: Feed, slot: str, inputs: dict[str, Any], during: str) -> Reply:
     """Writes a first input set and has the child take the slot's arguments on it (on
     CUDA it captures the call there)."""
     entries = arena.layout(inputs)
     feed.write(entries, inputs)
-    child.request("prepare", during, slot=slot, layout=[entry.to_dict() for entry in entries],
+    return child.request("prepare", during, slot=slot, layout=[entry.to_dict() for entry in entries],
                   output_bytes=output_bound(inputs))
 
 
@@ -265,25 +265,32 @@ def run_check_call(child: Requester, feed: Feed, expected: Expected, call: Check
     return child.request("run", f"running forward on {call.where}", slot=CHECK_SLOT)
 
 
-def replay_checks(child: Requester, feed: Feed, op: Op, workloads: list[Workload], *,
-                  secret_seed: int, secret: list[Workload] = ()) -> None:
-    """The candidate's checked calls, run again in a baseline process, outputs unread.
+# The checked calls each timing process runs before its first timed one.
+REPLAY_ORDER = ((0, FIRST),)
 
-    Gives the baseline processes the candidate's history: the same allocations in the
-    same order leave the heap laid out alike, and where buffers sit relative to each
-    other (4K aliasing, cache sets) moved CPU times by 10-15% between processes.
-    """
-    for workload, order in [*((w, CALL_ORDER) for w in workloads),
-                            *((w, SECRET_CALL_ORDER) for w in secret)]:
+
+def replay_checks(children: list[Requester], feed: Feed, op: Op, workloads: list[Workload], *,
+                  secret_seed: int) -> None:
+    """One checked call of every workload, run in each timing process in turn, outputs
+    unread: the three processes start timing from one history (the same allocations in
+    the same order leave the heap laid out alike, and where buffers sit relative to each
+    other, 4K aliasing and cache sets, moved CPU times by 10-15% between processes), and
+    each has run every workload once. Each call's inputs are made and written once."""
+    for workload, order in ((w, REPLAY_ORDER) for w in workloads):
         calls = check_calls(workload, secret_seed, order)
         made = CallInputs(op, workload, secret_seed)
-        prepare(child, feed, CHECK_SLOT, made.of(calls[0]),
-                f"preparing the checked calls of {workload.name}")
+        first = made.of(calls[0])
+        entries = arena.layout(first)
+        feed.write(entries, first)
+        for child in children:
+            child.request("prepare", f"preparing the checked calls of {workload.name}", slot=CHECK_SLOT,
+                          layout=[entry.to_dict() for entry in entries], output_bytes=output_bound(first))
         for call in calls:
-            inputs = made.of(call)
-            feed.write(arena.layout(inputs), inputs)
-            child.request("run", f"running forward on {call.where}", slot=CHECK_SLOT)
-    child.request("drop", "freeing the checked inputs", slots=[CHECK_SLOT])
+            feed.write(entries, made.of(call))
+            for child in children:
+                child.request("run", f"running forward on {call.where}", slot=CHECK_SLOT)
+    for child in children:
+        child.request("drop", "freeing the checked inputs", slots=[CHECK_SLOT])
 
 
 def check_correctness(

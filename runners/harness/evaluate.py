@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -25,7 +26,7 @@ import torch
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import e2e_command as declared_e2e
-from runners.harness import endtoend, protected, roofline
+from runners.harness import endtoend, new_shapes, protected, roofline
 from runners.harness.children import (
     BASELINE,
     CANDIDATE,
@@ -177,10 +178,14 @@ class _Run:
     batch_sizes: list[int] | None = None
     # Sizes drawn from the secret seed, checked for correctness beside the workloads.
     secret: list[Workload] = field(default_factory=list)
+    # (declared workload, the unseen size beside it) for the first-call guard.
+    new_shapes: list[tuple[Workload, Workload]] = field(default_factory=list)
     # (what was seen, the problem or None) of the timing processes' threads in calls.
     threads_in_calls: tuple[str, str | None] | None = None
-    # The cores every child runs on, chosen before the judge keeps to the others.
+    # The cores every child runs on, chosen before the judge keeps to the others, and
+    # every core the judge was given (a child's while it starts).
     child_cpus: list[int] | None = None
+    start_cpus: list[int] | None = None
     # The candidate's cores, priority and limits that the kernel shows changed after
     # its timed calls (observe.Settings).
     outside_changes: list[str] = field(default_factory=list)
@@ -200,6 +205,9 @@ class _Run:
             "op": self.op.name, "device": self.result.device, "dsl": dsl,
             "candidate": str(path), "threads": self.result.threads,
             "cpus": self.child_cpus,
+            # Every core the judge was given, while the child starts: three children
+            # import torch at once.
+            "start_cpus": self.start_cpus,
             "cpu_seconds": math.ceil(self.limits.total_s * (self.result.threads or 1)) + 10,
             "file_bytes": self.limits.file_bytes, "memory_bytes": self.limits.memory_bytes,
             "gpu_fraction": self.limits.gpu_fraction,
@@ -283,17 +291,19 @@ def evaluate(
     # One thread here: the judge's idle OpenMP workers spin for a while after each of its
     # own torch calls (references, checks), stealing a core from the child being timed.
     run.secret = secret_workloads(op, kind, workloads, run.batch_sizes, result.seed)
+    run.new_shapes = new_shapes.neighbours(op, kind, workloads, result.seed)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     previous_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     run.child_cpus = _child_cpus(result.threads or 1)
+    run.start_cpus = sorted(previous_cores) if previous_cores else None
     judge_cores = _judge_cpus(run.child_cpus)
     if judge_cores:
         os.sched_setaffinity(0, judge_cores)
     try:
         run.input_capacity = max(
             inputs_arena.size(inputs_arena.layout(op.make_inputs(workload, 0, DISTRIBUTIONS[0])))
-            for workload in [*workloads, *run.secret])
+            for workload in [*workloads, *run.secret, *(new for _, new in run.new_shapes)])
         if kind == "cpu":
             run.arena = inputs_arena.Arena(run.input_capacity)
             run.input_capacity = run.arena.capacity
@@ -397,9 +407,8 @@ def _time(run: _Run, checked: Child) -> None:
     control = run.start(CONTROL, run.baseline_path, baseline_dsl)
     for child in (baseline, candidate, control):
         child.wait_loaded()
-    for child in (baseline, candidate, control):
-        replay_checks(child, run.feed, run.op, run.workloads, secret_seed=result.seed,
-                      secret=run.secret)
+    replay_checks([baseline, candidate, control], run.feed, run.op, run.workloads,
+                  secret_seed=result.seed)
     sides = {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
     measured: list[Measurement] = []
     for position, workload in enumerate(run.workloads):
@@ -415,11 +424,27 @@ def _time(run: _Run, checked: Child) -> None:
             return
         measured.append(measurement)
         say(f"timed {workload.name}: {len(measurement.times[CANDIDATE].reported)} samples a side")
+    first_calls, problems = new_shapes.measure(
+        run.op, run.new_shapes, sides,
+        feed=run.feed, secret_seed=result.seed, device=result.device,
+        steady={side: {w.name: statistics.median(m.times[side].round_trips)
+                       for w, m in zip(run.workloads, measured, strict=True)} for side in sides})
+    if problems:
+        result.guards += problems
+        result.correct = False
+        result.error = problems[0].detail
+        return
     result.guards.append(Guard("aliasing", "pass", "every call returned memory of its own, "
                                "which no later call wrote") if result.device == "cpu" else Guard(
         "aliasing", "pass", "CUDA graphs: each replay writes its graph's own output, as a server expects"))
     hardware = roofline.hardware_key(result.device)
     result.workloads = _workload_results(run, measured, hardware)
+    for workload in result.workloads:
+        call = next((call for call in first_calls if call.declared == workload.name), None)
+        if call is not None:
+            workload.first_call_shape = call.shape
+            workload.first_call_ms, workload.first_call_baseline_ms = call.candidate_ms, call.baseline_ms
+    result.guards.append(new_shapes.guard(run.op, first_calls))
     for workload in result.workloads:
         say(_progress_line(workload))
     result.guards += _timing_guards(run, measured, hardware)
@@ -555,6 +580,14 @@ def _plausibility(workloads: list[WorkloadResult]) -> Guard:
                  f"({shown}); check the guards and the diff before trusting it")
 
 
+def _counted(actions: list[str], shown: int) -> str:
+    """The first `shown` kinds of action, each with its count, and how many kinds more."""
+    counts = Counter(actions)
+    listed = "; ".join(action + (f" (×{count})" if count > 1 else "")
+                       for action, count in list(counts.items())[:shown])
+    return listed + (f"; and {len(counts) - shown} other kinds" if len(counts) > shown else "")
+
+
 def _watch_guards(run: _Run, candidate: Child | None) -> list[Guard]:
     """What the candidate's process was seen doing, whatever stage the run ended at."""
     if candidate is None:
@@ -562,11 +595,7 @@ def _watch_guards(run: _Run, candidate: Child | None) -> list[Guard]:
     watch = candidate.watch
     guards = []
     if watch.refused:
-        counts = Counter(watch.refused)
-        shown = "; ".join(f"{action}" + (f" (×{count})" if count > 1 else "")
-                          for action, count in list(counts.items())[:3])
-        more = f"; and {len(counts) - 3} other kinds" if len(counts) > 3 else ""
-        guards.append(Guard("sandbox", "fail", f"refused: {shown}{more}"))
+        guards.append(Guard("sandbox", "fail", f"refused: {_counted(watch.refused, 3)}"))
     elif candidate.started:
         guards.append(Guard("sandbox", "pass",
                             "no network, program, signal or outside write attempted"))
@@ -575,11 +604,7 @@ def _watch_guards(run: _Run, candidate: Child | None) -> list[Guard]:
                             "of CPU while the judge held it stopped (read from outside): "
                             "something of it escaped the stop"))
     elif watch.jail_refused:
-        counts = Counter(watch.jail_refused)
-        shown = "; ".join(f"{action}" + (f" (×{count})" if count > 1 else "")
-                          for action, count in list(counts.items())[:6])
-        more = f"; and {len(counts) - 6} other kinds" if len(counts) > 6 else ""
-        guards.append(Guard("jail", "fail", f"the jail refused: {shown}{more}"))
+        guards.append(Guard("jail", "fail", f"the jail refused: {_counted(watch.jail_refused, 6)}"))
     elif candidate.started:
         programs = Counter(Path(program).name for program in watch.ran)
         ran = (", ".join(f"{name} ×{count}" for name, count in sorted(programs.items()))

@@ -46,6 +46,12 @@ class WorkloadResult:
     # The physical floor of one call on this hardware, and the fraction of it reached.
     floor_ms: float | None = None
     roofline_fraction: float | None = None
+    # The first call at a new shape beside this workload (runners.harness.new_shapes):
+    # its name, and what that call cost the candidate and the baseline on the judge's
+    # clock, preparing included.
+    first_call_shape: str | None = None
+    first_call_ms: float | None = None
+    first_call_baseline_ms: float | None = None
 
 
 @dataclass

@@ -138,7 +138,13 @@ class CpuRunner:
     def run(self, slot: str) -> tuple[float, int | None]:
         args = self.slots[slot]
         call = self.steps.get(slot, self.forward)
-        size = max(self._last_nbytes, 0, *(_nbytes(arg) for arg in args))
+        # The last output's size: the block a stale answer would sit in. Before the first
+        # call, the largest argument's. Not the largest argument's every call: filling a
+        # large cache (the paged ops') costs the same work whatever it holds, but how many
+        # of its pages fault depends on the heap the kernel left, so the harness's own
+        # cost before the call would differ between kernels (runners.harness.measure's
+        # clock check compares it).
+        size = self._last_nbytes or max(0, *(_nbytes(arg) for arg in args))
         self.last_output, self.last_slot = None, None
         if len(self._kept) > KEPT_OUTPUTS:
             # Poisoned where it lies, then freed (a fresh block of the same size may not

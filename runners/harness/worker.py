@@ -209,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     setup, _ = wire.read_message(requests)
     device = setup["device"]
 
-    # The jail set the cores, CPU time, file size and process count already.
+    # The jail set the CPU time, file size and process count already, and let torch's
+    # import use every core of the start; from here on the child keeps to its own.
+    if setup.get("cpus"):
+        # Named by its own process id, which is how the jail's supervisor knows the harness
+        # narrowed it, and lets no later call widen it again (runners.jail.supervisor).
+        os.sched_setaffinity(os.getpid(), setup["cpus"])
     if device == "cpu":
         sandbox.limit_memory(setup["memory_bytes"])
     torch.set_num_threads(setup["threads"])

@@ -206,8 +206,8 @@ def run(plan: Plan, supervisor: socket.socket, report: int) -> NoReturn:
                  "unshare(mount, network, IPC, UTS namespaces)")
         _own_scratch(plan)
         _build_root(libc, plan)
-        if plan.cpus:
-            os.sched_setaffinity(0, plan.cpus)
+        if plan.start_cpus or plan.cpus:
+            os.sched_setaffinity(0, plan.start_cpus or plan.cpus)
         _limits(plan)
         # Its own process group: the judge stops and resumes the whole jail at once.
         os.setpgid(0, 0)

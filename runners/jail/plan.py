@@ -52,7 +52,11 @@ class Plan:
     hidden: list[str] = field(default_factory=list)  # folders inside `readable`, shown empty
     programs: list[str] = field(default_factory=list)  # real paths of programs it may start
     may_fork: bool = False  # whether it may start processes at all
-    cpus: list[int] | None = None
+    cpus: list[int] | None = None  # its cores once it runs
+    # The cores it may use while the harness starts (torch's import, in parallel with
+    # the other children's): the worker narrows itself to `cpus` before any candidate
+    # code exists, and from then on the supervisor lets it narrow further, never widen.
+    start_cpus: list[int] | None = None
     cpu_seconds: int = 3600
     file_bytes: int = 2**30
     uid: int | None = None  # None: keep the judge's (an unprivileged judge)
@@ -148,7 +152,7 @@ def compiler_programs(environment: Mapping[str, str]) -> list[str]:
 
 def make_plan(*, scratch: Path, root: Path, argv: list[str], files: Iterable[Path], dsl: str,
               device: str, environment: Mapping[str, str], cpus: list[int] | None,
-              cpu_seconds: int, file_bytes: int) -> Plan:
+              cpu_seconds: int, file_bytes: int, start_cpus: list[int] | None = None) -> Plan:
     """The jail of one child: the system, Python and its packages, the project and the
     two kernel files read-only; its scratch folder writable; the compilers its DSL
     needs, and nothing else, startable."""
@@ -168,6 +172,7 @@ def make_plan(*, scratch: Path, root: Path, argv: list[str], files: Iterable[Pat
             path == top or path.startswith(top.rstrip("/") + "/") for top in readable)],
         devices=_devices(device),
         programs=compiler_programs(environment) if compiles else [],
-        may_fork=compiles, cpus=cpus, cpu_seconds=cpu_seconds, file_bytes=file_bytes,
+        may_fork=compiles, cpus=cpus, start_cpus=start_cpus or cpus, cpu_seconds=cpu_seconds,
+        file_bytes=file_bytes,
         uid=NOBODY if root_user else None, gid=NOBODY if root_user else None,
     )

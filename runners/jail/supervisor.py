@@ -73,6 +73,9 @@ class Supervisor:
         self.report = report
         self.worker = worker
         self.worker_started = False
+        # Cores it may ask for: any of the start's until it has narrowed itself to its
+        # own, and from then on only those (runners.jail.plan.Plan.start_cpus).
+        self.narrowed = False
 
     def say(self, **fields: object) -> None:
         try:
@@ -147,7 +150,7 @@ class Supervisor:
         if name in syscall_filter.PROGRAM_STARTS:
             return self._program(pid, name, args)
         if name == "sched_setaffinity" and self._within_cores(pid, args):
-            return True, 0  # torch probes its cores one by one: within the plan's, harmless
+            return True, 0
         if name in _WRITTEN_PATHS:
             for dirfd_index, path_index in _WRITTEN_PATHS[name]:
                 text = self._string(pid, args[path_index])
@@ -160,6 +163,8 @@ class Supervisor:
         return self._refuse(self._describe(pid, name, args), errno.EPERM)
 
     def _within_cores(self, pid: int, args: tuple[int, ...]) -> bool:
+        """A mask within the cores it may have now (torch probes its cores one by one as
+        it starts; the worker then narrows itself to its own)."""
         size, address = args[1], args[2]
         if not self.plan.cpus or not 0 < size <= 1024:
             return False
@@ -171,8 +176,15 @@ class Supervisor:
                 os.close(fd)
         except OSError:
             return False
-        allowed = sum(1 << cpu for cpu in self.plan.cpus)
-        return mask != 0 and mask & ~allowed == 0
+        own = sum(1 << cpu for cpu in self.plan.cpus)
+        start = sum(1 << cpu for cpu in (self.plan.start_cpus or self.plan.cpus))
+        if mask == 0 or mask & ~(own if self.narrowed else start):
+            return False
+        # The worker narrows itself naming its own process (torch's probing as it is
+        # imported names the calling thread, 0): from then on, no wider.
+        if args[0] != 0 and mask & ~own == 0:
+            self.narrowed = True
+        return True
 
     def _program(self, pid: int, name: str, args: tuple[int, ...]) -> tuple[bool, int]:
         dirfd, path_index = (None, 0) if name == "execve" else (args[0], 1)

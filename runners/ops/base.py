@@ -126,6 +126,12 @@ class Op:
     # beside its kernels: a step of the op the DSL kernels do not do yet. The
     # required-DSL guard warns when they run; any other torch compute fails it.
     dsl_torch_ops: frozenset[str] = frozenset()
+    # What the first call at a size the process has not seen may cost, on the judge's
+    # clock (runners.harness.new_shapes): this factor of the steady call, or the floor
+    # (ms) of the device, whichever is larger, beyond what it cost the baseline. A serving
+    # engine meets a new size every decode step: a compile per size is a stall per step.
+    # The CPU's floor allows for a 2-core machine's scheduling, not for a compiler.
+    first_call_budget: tuple[float, Mapping[str, float]] = (10.0, {"cpu": 50.0, "cuda": 5.0})
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)

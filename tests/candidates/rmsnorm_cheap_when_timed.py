@@ -2,24 +2,31 @@
 previous output instead of computing (pygpubench's "detect the warm-up" hack). Every
 timed call has inputs no earlier call had, so the stale answer is wrong.
 
-At one context length rmsnorm has 2 workloads of 10 checked calls each, then 4 secret
-sizes of 4: 36 calls on a CPU. On a GPU forward itself runs only when the harness
-captures a slot (once eagerly, once while capturing; only the eager calls are counted):
-6 checked slots, then the timed one.
+It knows the harness's protocol: the process that checks it calls each workload's
+checked calls together, one workload after another, never going back to one; a timing
+process replays the workloads once each (runners/harness/correctness.py,
+REPLAY_ORDER) and then times them in turn. So the first time a call goes back to an
+earlier workload, it is being timed, and every call from then on is. On a GPU forward
+itself runs only when the harness captures a slot (once eagerly, once while
+capturing): only the eager calls are counted.
 """
 
 import torch
 
-CHECKED_CALLS = 6 if torch.cuda.is_available() else 36
-_calls = 0
+_seen = []  # the (shape, dtype) of each workload called so far, the latest last
+_timed = False
 _last = None
 
 
 def forward(x, weight, eps):
-    global _calls, _last
+    global _last, _timed
     if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _calls += 1
-    if _calls > CHECKED_CALLS and _last is not None and _last.shape == x.shape and _last.dtype == x.dtype:
+        workload = (x.shape, x.dtype)
+        if workload in _seen[:-1]:
+            _timed = True  # back at an earlier workload: the timing loop
+        if not _seen or _seen[-1] != workload:
+            _seen.append(workload)
+    if _timed and _last is not None and _last.shape == x.shape and _last.dtype == x.dtype:
         return _last
     hidden = x.float()
     rstd = torch.rsqrt(hidden.square().mean(dim=-1, keepdim=True) + eps)

@@ -1,0 +1,309 @@
+"""The DeepSeek-V3.2 lightning indexer as a serving engine calls it in decode.
+
+Each of B sequences decodes `next_n` tokens (1, or 2 with multi-token prediction)
+against its own context, whose keys sit in a paged cache: blocks of 64 tokens
+anywhere in `kv_cache` [num_blocks, 64, D], listed in order by the sequence's row of
+`block_table` [B, max_blocks] (int32), with `context_lens` [B] (int32, on the device)
+saying how many tokens each sequence has. Query row r = b·next_n + j (token j of
+sequence b) sees the causal prefix of its sequence, the first
+context_lens[b] − next_n + 1 + j tokens, and keeps the `topk` of them with the highest
+
+    I[r, n] = sum_h weights[r, h] · relu(q[b, j, h, :] · key_b[n, :])
+
+as indices into the sequence's own context, −1 where the prefix is shorter than `topk`.
+This is the interface of DeepGEMM's `fp8_paged_mqa_logits` followed by a top-k over
+each row's valid prefix, which vLLM and SGLang call (skills/models/deepseek-v3.2.md).
+
+Every workload is a batch of B sequences up to N tokens: "mixed" draws the lengths
+per input seed from a long-tailed distribution (one sequence of N tokens, the others
+from topk/8 up, at least one shorter than topk), with the total fixed by the workload so
+its cost is too; "equal" gives every sequence N tokens, as the dense op's rows see one
+context. Blocks are shuffled across the cache, rows of `block_table` past a
+sequence's end point into other sequences' blocks, and every cache slot no sequence
+owns holds keys eight times louder than the rest: a kernel that reads past a
+sequence's end, or scores another sequence's blocks, selects them and is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runners.ops.base import Workload, make_generator, sample
+from runners.ops.dsa_indexer_topk import SHAPES, DsaIndexerTopk
+
+BLOCK_SIZE = 64  # tokens per cache block: DeepSeek-V3.2's indexer cache as vLLM pages it
+MIXES = ("mixed", "equal")
+# How much louder the keys of slots no sequence owns are: loud enough that any row
+# that scores them selects them.
+_UNOWNED_GAIN = 8.0
+
+
+def blocks_for(tokens: int) -> int:
+    return -(-tokens // BLOCK_SIZE)
+
+
+def mixed_lengths(batch: int, longest: int, total: int, low: int, short: int,
+                  generator: torch.Generator) -> list[int]:
+    """`batch` lengths summing to `total`, in an order drawn from `generator`: one of
+    `longest`, one (with three or more) below `short`, which top-k pads, and the others
+    long-tailed (log-uniform weights) within [low, longest]."""
+    if batch <= 2:
+        return [longest, total - longest][:batch]
+    fixed = [longest, low + int(torch.randint(max(1, short - low), (1,), generator=generator))]
+    rest = total - sum(fixed)
+    draws = torch.rand(batch - 2, generator=generator, dtype=torch.float64)
+    weights = torch.exp(draws * math.log(longest / low)) * low
+    lengths = [min(longest, max(low, round(float(w)))) for w in weights * (rest / float(weights.sum()))]
+    # Rounding and the clamps leave the sum a little off: move it back within the bounds.
+    gap = rest - sum(lengths)
+    for index in range(len(lengths)):
+        if not gap:
+            break
+        room = (longest if gap > 0 else low) - lengths[index]
+        step = min(gap, room) if gap > 0 else max(gap, room)
+        lengths[index] += step
+        gap -= step
+    lengths += fixed
+    order = torch.randperm(batch, generator=generator).tolist()
+    return [lengths[index] for index in order]
+
+
+class DsaIndexerTopkPaged(DsaIndexerTopk):
+    name = "dsa_indexer_topk_paged"
+    title = "DSA indexer top-k, paged decode"
+    description = (
+        "The DeepSeek-V3.2 lightning indexer in decode, as vLLM and SGLang call it: each "
+        "sequence's next_n query tokens against its own context in a paged key cache "
+        "(64-token blocks listed by block_table, lengths in context_lens on the device), "
+        "ReLU'd per-head dot products summed with per-head weights, then the top-k "
+        "positions of each row's causal prefix, as indices into that sequence's context "
+        "in any order, padded with -1 where the prefix is shorter than top-k."
+    )
+    signature = "forward(q, kv_cache, block_table, context_lens, weights, topk) -> LongTensor"
+
+    def default_context_lengths(self, device: str) -> list[int]:
+        return {"cpu": [2048, 8192], "cuda": [4096, 65536, 262144]}[device]
+
+    def default_batch_sizes(self, device: str) -> list[int]:
+        return {"cpu": [8], "cuda": [64]}[device]
+
+    def max_batch_size(self, device: str) -> int:
+        return {"cpu": 16, "cuda": 128}[device]
+
+    def build_workloads(
+        self, device: str, context_lengths: list[int], batch_sizes: list[int]
+    ) -> list[Workload]:
+        """Mixed and equal batches at every size, and the mixed batch with two tokens
+        per sequence (multi-token prediction) at the longest context."""
+        found = []
+        for context in context_lengths:
+            for batch in batch_sizes:
+                kinds = [("mixed", 1), ("equal", 1)]
+                if context == context_lengths[-1]:
+                    kinds.insert(1, ("mixed", 2))
+                found += [self.workload(device, context, batch, mix, next_n) for mix, next_n in kinds]
+        return found
+
+    def workload(self, device: str, context: int, batch: int, mix: str, next_n: int) -> Workload:
+        shape = SHAPES[device]
+        low = max(next_n, shape["topk"] // 8)
+        # The mixed batch's others average a quarter of the longest (at least `low`).
+        tokens = context * batch if mix == "equal" else context + (batch - 1) * max(low, context // 4)
+        # Each sequence's last block is partly empty: for a mix of any lengths, a block
+        # more per sequence than the tokens fill.
+        blocks = batch * blocks_for(context) if mix == "equal" else blocks_for(tokens) + batch
+        name = f"ctx={context},b={batch}" if mix == "equal" else f"ctx<={context},b={batch},mixed"
+        return Workload(
+            name=name + (f",next_n={next_n}" if next_n > 1 else ""), device=device,
+            params={"context_length": context, "batch": batch, "next_n": next_n, "mix": mix,
+                    "tokens": tokens, "min_length": low, "num_blocks": blocks,
+                    "max_blocks": blocks_for(context), "block_size": BLOCK_SIZE, **shape},
+        )
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def make_inputs(self, workload: Workload, seed: int, distribution: str) -> dict[str, Any]:
+        return self.sample_paged(workload, seed, distribution, torch.bfloat16)
+
+    def sample_paged(self, workload: Workload, seed: int, distribution: str,
+                     value_dtype: torch.dtype) -> dict[str, Any]:
+        """The batch's inputs with keys in `value_dtype` and the layout of the module's
+        docstring (the FP8 variant quantizes these)."""
+        p = workload.params
+        batch, next_n, heads, dim = p["batch"], p["next_n"], p["heads"], p["head_dim"]
+        generator = make_generator(seed, workload.device)
+        layout = torch.Generator().manual_seed(seed)  # lengths and blocks: the same on every device
+        if p["mix"] == "equal":
+            lengths = [p["context_length"]] * batch
+        else:
+            typical = (p["tokens"] - p["context_length"]) // max(1, batch - 1)
+            lengths = mixed_lengths(batch, p["context_length"], p["tokens"], p["min_length"],
+                                    min(p["topk"], typical), layout)
+        order = torch.randperm(p["num_blocks"], generator=layout)
+        block_table = order[torch.randint(p["num_blocks"], (batch, p["max_blocks"]), generator=layout)]
+        owned = torch.zeros(p["num_blocks"], BLOCK_SIZE, dtype=torch.bool)
+        start = 0
+        for row, length in enumerate(lengths):
+            used = blocks_for(length)
+            block_table[row, :used] = order[start:start + used]
+            start += used
+            owned.view(-1)[(block_table[row, :used, None] * BLOCK_SIZE
+                            + torch.arange(BLOCK_SIZE)).view(-1)[:length]] = True
+        draw = lambda shape, dtype: sample(  # noqa: E731
+            shape, generator=generator, distribution=distribution, dtype=dtype)
+        keys = draw((p["num_blocks"], BLOCK_SIZE, dim), torch.float32)
+        gain = torch.where(owned, 1.0, _UNOWNED_GAIN).to(keys.device)
+        return {
+            "q": draw((batch, next_n, heads, dim), value_dtype),
+            "kv_cache": (keys * gain.unsqueeze(-1)).to(value_dtype),
+            "block_table": block_table.to(torch.int32).to(workload.device),
+            "context_lens": torch.tensor(lengths, dtype=torch.int32, device=workload.device),
+            "weights": draw((batch * next_n, heads), torch.float32) * heads**-0.5,
+            "topk": p["topk"],
+        }
+
+    def nearly(self, inputs: Mapping[str, Any], other: Mapping[str, Any],
+               generator: torch.Generator) -> dict[str, Any]:
+        """Two keys of every sequence replaced by the other set's, made louder than any
+        key of the cache: each scores far above or below the rest of its rows, so where
+        it scores above it moves into their top-k, and an answer kept from the inputs
+        these came from is wrong (outliers in the draw cannot hide it)."""
+        changed = {key: value.clone() if isinstance(value, torch.Tensor) else value
+                   for key, value in inputs.items()}
+        lengths = changed["context_lens"].tolist()
+        # Measured once, before any key is replaced: each louder key is as loud as the
+        # first (louder than the last would grow them fourfold each, to overflow).
+        loudest = self._loudest(changed)
+        for row, length in enumerate(lengths):
+            for position in torch.randint(length, (2,), generator=generator).tolist():
+                block = int(changed["block_table"][row, position // BLOCK_SIZE])
+                self._louder_slot(changed, other, block, position % BLOCK_SIZE, loudest)
+        return changed
+
+    def _loudest(self, inputs: Mapping[str, Any]) -> float:
+        return float(inputs["kv_cache"].float().abs().amax())
+
+    def _louder_slot(self, changed: dict[str, Any], other: Mapping[str, Any], block: int,
+                     slot: int, loudest: float) -> None:
+        """The other set's key at (block, slot), scaled to four times `loudest`."""
+        cache = changed["kv_cache"]
+        key = other["kv_cache"][block, slot].float()
+        cache[block, slot] = (key * (4 * loudest / float(key.abs().amax().clamp_min(1e-30)))).to(cache.dtype)
+
+    # -- the reference and the check ------------------------------------------------------
+
+    @staticmethod
+    def prefix_lengths(inputs: Mapping[str, Any]) -> torch.Tensor:
+        """How many tokens each query row sees: [B·next_n], int64, on the inputs' device."""
+        next_n = inputs["q"].shape[1]
+        lengths = inputs["context_lens"].long().view(-1, 1)
+        return (lengths - next_n + 1 + torch.arange(next_n, device=lengths.device)).view(-1)
+
+    def gathered_keys(self, inputs: Mapping[str, Any], row: int, length: int) -> torch.Tensor:
+        """Sequence `row`'s first `length` keys, in float32, from its blocks."""
+        blocks = inputs["block_table"][row, :blocks_for(length)].long()
+        return inputs["kv_cache"][blocks].reshape(-1, inputs["kv_cache"].shape[-1])[:length].float()
+
+    def reference(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """Every row's float32 scores over the widest context, −inf past its prefix."""
+        q, weights = inputs["q"].float(), inputs["weights"]
+        batch, next_n = q.shape[:2]
+        width = inputs["block_table"].shape[1] * BLOCK_SIZE
+        prefixes = self.prefix_lengths(inputs)
+        scores = torch.full((batch * next_n, width), float("-inf"), device=q.device)
+        for row, length in enumerate(inputs["context_lens"].tolist()):
+            keys = self.gathered_keys(inputs, row, length)
+            for token in range(next_n):
+                r = row * next_n + token
+                seen = int(prefixes[r])
+                scores[r, :seen] = super().reference({
+                    "q": q[row, token:token + 1], "k": keys[:seen], "weights": weights[r:r + 1],
+                })[0]
+        return scores
+
+    def check(
+        self, output: torch.Tensor, reference_output: torch.Tensor, inputs: Mapping[str, Any]
+    ) -> tuple[bool, str]:
+        scores = reference_output
+        rows = scores.shape[0]
+        topk = inputs["topk"]
+        if output.dtype != torch.int64:
+            return False, f"output dtype is {output.dtype}, expected torch.int64 (indices)"
+        if tuple(output.shape) != (rows, topk):
+            return False, f"output shape is {list(output.shape)}, expected [{rows}, {topk}]"
+        prefixes = self.prefix_lengths(inputs).to(output.device)
+        padding = output == -1
+        outside = ~padding & ((output < 0) | (output >= prefixes.unsqueeze(1)))
+        if bool(outside.any()):
+            row = int(outside.any(dim=1).nonzero()[0])
+            return False, (
+                f"{int(outside.sum()):,} indices are outside their row's prefix; row {row} "
+                f"sees {int(prefixes[row])} tokens and returns {int(output[row][outside[row]][0])}"
+            )
+        wanted_padding = (topk - prefixes).clamp_min(0)
+        wrong = padding.sum(dim=1) != wanted_padding
+        if bool(wrong.any()):
+            row = int(wrong.nonzero()[0])
+            return False, (
+                f"{int(wrong.sum()):,} rows are padded wrongly; row {row} sees "
+                f"{int(prefixes[row])} tokens, so it needs exactly {int(wanted_padding[row])} "
+                f"entries of -1, and has {int(padding[row].sum())}"
+            )
+        # −1s are distinct from every index and from each other here: only real repeats count.
+        distinct = torch.where(padding, -2 - torch.arange(topk, device=output.device), output)
+        ordered = distinct.sort(dim=1).values
+        repeated = ordered[:, 1:] == ordered[:, :-1]
+        if bool(repeated.any()):
+            row = int(repeated.any(dim=1).nonzero()[0])
+            index = int(ordered[row, 1:][repeated[row]][0])
+            return False, (
+                f"{int(repeated.sum()):,} duplicate indices; row {row} returns {index} "
+                "more than once"
+            )
+        got = scores.gather(1, output.clamp_min(0)).masked_fill(padding, float("-inf"))
+        got = got.sort(dim=1, descending=True).values
+        want = scores.topk(topk, dim=1).values
+        real = torch.isfinite(want)
+        rtol, atol = self.tolerance(inputs["q"].dtype)
+        scale = want.masked_fill(~real, 0).abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+        gap = (got - want).abs().masked_fill(~real, 0)
+        beyond = gap > atol * scale + rtol * want.abs().masked_fill(~real, 0)
+        if bool(beyond.any()):
+            row, rank = (int(i) for i in beyond.nonzero()[0])
+            return False, (
+                f"{int(beyond.sum()):,} of {int(real.sum()):,} selected scores fall short of "
+                f"the true top-{topk} of their prefix beyond rtol={rtol:g}, atol={atol:g}×row "
+                f"max; row {row}: the #{rank + 1} selected score is {float(got[row, rank]):.6g}, "
+                f"the true #{rank + 1} is {float(want[row, rank]):.6g}"
+            )
+        worst = float((gap / scale).max())
+        short = int((prefixes < topk).sum())
+        return True, (f"top-{topk} scores of every prefix match ({short} rows shorter than "
+                      f"top-k, padded); worst gap {worst:.3g} of the row max")
+
+    # -- cost -------------------------------------------------------------------------------
+
+    def flops(self, workload: Workload) -> int:
+        p = workload.params
+        # Every token of every sequence is scored by each of its next_n rows.
+        per_head = 2 * p["head_dim"] + 3
+        return p["next_n"] * p["tokens"] * p["heads"] * per_head
+
+    def bytes(self, workload: Workload) -> int:
+        p = workload.params
+        rows = p["batch"] * p["next_n"]
+        return (
+            2 * rows * p["heads"] * p["head_dim"]
+            + 2 * p["tokens"] * p["head_dim"]  # each sequence's own keys, read once
+            + 4 * p["batch"] * (p["max_blocks"] + 1)  # block table and lengths
+            + 4 * rows * p["heads"]
+            + 8 * rows * p["topk"]
+        )
+
+
+OP = DsaIndexerTopkPaged(Path(__file__).parent)

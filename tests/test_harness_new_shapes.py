@@ -1,0 +1,62 @@
+"""The first call at a new shape: which shapes are new, and the budget's arithmetic."""
+
+from __future__ import annotations
+
+from runners.harness.new_shapes import FirstCall, guard, neighbours
+from runners.ops import get_op
+
+
+def test_each_declared_workload_gets_an_unseen_neighbour_of_the_same_kind():
+    for name, contexts in (("rmsnorm", [64, 4096]), ("dsa_indexer_topk", [2048, 131072]),
+                           ("dsa_indexer_topk_paged", [2048, 8192])):
+        op = get_op(name)
+        declared = op.workloads("cpu", contexts)
+        pairs = neighbours(op, "cpu", declared, secret_seed=7)
+        assert [old for old, _ in pairs] == declared
+        names = {w.name for w in declared}
+        low, high = op.context_length_range("cpu")
+        for old, new in pairs:
+            assert new.name not in names
+            size = "tokens" if name == "rmsnorm" else "context_length"
+            step = abs(new.params[size] - old.params[size])
+            assert step % 2 == 1 and step <= max(3, old.params[size] // 16)
+            assert low <= new.params.get("context_length", low) <= high
+            kind = {k: v for k, v in old.params.items()
+                    if k not in ("context_length", "tokens", "num_blocks", "max_blocks")}
+            assert all(new.params[k] == v for k, v in kind.items())
+
+
+def test_the_neighbours_come_from_the_secret_seed():
+    op = get_op("dsa_indexer_topk")
+    declared = op.workloads("cpu")
+    first = [new.name for _, new in neighbours(op, "cpu", declared, secret_seed=1)]
+    assert first == [new.name for _, new in neighbours(op, "cpu", declared, secret_seed=1)]
+    assert first != [new.name for _, new in neighbours(op, "cpu", declared, secret_seed=2)]
+
+
+def _call(candidate_ms: float, steady_ms: float = 1.0, baseline_ms: float = 3.0,
+          baseline_steady_ms: float = 1.0, allowed_ms: float | None = None) -> FirstCall:
+    factor, floors = get_op("rmsnorm").first_call_budget
+    allowed = (max(factor * steady_ms, floors["cpu"]) + max(0.0, baseline_ms - baseline_steady_ms)
+               if allowed_ms is None else allowed_ms)
+    return FirstCall("t=64", "t=67", candidate_ms, baseline_ms, steady_ms, baseline_steady_ms, allowed)
+
+
+def test_a_first_call_within_the_floor_and_the_baselines_own_cost_passes():
+    op = get_op("rmsnorm")
+    assert _call(51.0).allowed_ms == 52.0  # the CPU floor, 50 ms, plus the baseline's 2 ms
+    result = guard(op, [_call(51.0), _call(2.0)])
+    assert result.status == "pass" and "2 new shapes" in result.detail
+
+
+def test_a_first_call_that_costs_a_compile_fails_with_its_numbers():
+    op = get_op("rmsnorm")
+    result = guard(op, [_call(2.0), _call(1210.0, steady_ms=0.18)])
+    assert result.status == "fail"
+    assert result.detail.startswith("first call at t=67: 1,210.0 ms, steady 0.18 ms at t=64")
+    assert "1 of 2 new shapes over budget" in result.detail
+
+
+def test_a_slow_steady_call_earns_a_larger_budget_only_by_its_factor():
+    assert _call(900.0, steady_ms=100.0).over_budget is False  # 10 × 100 ms
+    assert _call(1100.0, steady_ms=100.0).over_budget is True

@@ -1,0 +1,184 @@
+"""The paged decode ops: their inputs as a serving engine lays them out, their check
+(each row's own prefix, −1 padding), and a kernel that ignores the lengths, which only
+mixed batches show."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners.harness import Limits, evaluate
+from runners.ops import get_op
+from runners.ops.dsa_indexer_topk_fp8 import FP8
+from runners.ops.dsa_indexer_topk_paged import BLOCK_SIZE, mixed_lengths
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGED = ["dsa_indexer_topk_paged", "dsa_indexer_topk_paged_fp8"]
+
+
+def _forward(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.forward
+
+
+def _case(name: str, mix: str = "mixed", next_n: int = 1, seed: int = 3,
+          distribution: str = "normal"):
+    op = get_op(name)
+    workload = next(w for w in op.workloads("cpu", [2048], [8])
+                    if w.params["mix"] == mix and w.params["next_n"] == next_n)
+    inputs = op.make_inputs(workload, seed, distribution)
+    return op, workload, inputs, op.reference(inputs)
+
+
+def test_workloads_mix_lengths_and_add_two_token_decode_at_the_longest_context():
+    op = get_op("dsa_indexer_topk_paged")
+    assert [w.name for w in op.workloads("cpu")] == [
+        "ctx<=2048,b=8,mixed", "ctx=2048,b=8",
+        "ctx<=8192,b=8,mixed", "ctx<=8192,b=8,mixed,next_n=2", "ctx=8192,b=8",
+    ]
+    cuda = op.workloads("cuda")
+    assert max(w.params["context_length"] for w in cuda) == 262144
+    assert {(w.params["heads"], w.params["head_dim"], w.params["topk"]) for w in cuda} == {(64, 128, 2048)}
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_inputs_are_a_shuffled_paged_cache_in_forwards_order(name):
+    op, workload, inputs, _ = _case(name)
+    p = workload.params
+    keys = ["q", "kv_cache", "kv_scale", "block_table", "context_lens", "weights", "topk"]
+    assert list(inputs) == [key for key in keys if key != "kv_scale" or name.endswith("fp8")]
+    value_dtype = FP8 if name.endswith("fp8") else torch.bfloat16
+    assert (inputs["q"].dtype, tuple(inputs["q"].shape)) == (value_dtype, (8, 1, 16, 64))
+    assert tuple(inputs["kv_cache"].shape) == (p["num_blocks"], BLOCK_SIZE, 64)
+    assert (inputs["block_table"].dtype, tuple(inputs["block_table"].shape)) == (torch.int32, (8, 32))
+    lengths = inputs["context_lens"]
+    assert lengths.dtype == torch.int32 and int(lengths.sum()) == p["tokens"]
+    assert int(lengths.max()) == 2048 and int(lengths.min()) < p["topk"]
+    # Every sequence owns its own blocks, and they are not laid out in order.
+    owned = [inputs["block_table"][row, :-(-int(n) // BLOCK_SIZE)].tolist()
+             for row, n in enumerate(lengths)]
+    flat = [block for blocks in owned for block in blocks]
+    assert len(flat) == len(set(flat)) and flat != sorted(flat)
+
+
+def test_slots_no_sequence_owns_hold_louder_keys():
+    op, workload, inputs, _ = _case("dsa_indexer_topk_paged")
+    cache = inputs["kv_cache"].float()
+    owned = torch.zeros(cache.shape[:2], dtype=torch.bool)
+    for row, length in enumerate(inputs["context_lens"].tolist()):
+        blocks = inputs["block_table"][row, :-(-length // BLOCK_SIZE)].long()
+        owned.view(-1)[(blocks[:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).view(-1)[:length]] = True
+    assert float(cache[~owned].abs().mean()) > 6 * float(cache[owned].abs().mean())
+
+
+def test_mixed_lengths_sum_to_the_total_within_bounds_for_any_seed():
+    for seed in range(20):
+        lengths = mixed_lengths(64, 262144, 262144 + 63 * 65536, 256, 2048,
+                                torch.Generator().manual_seed(seed))
+        assert sum(lengths) == 262144 + 63 * 65536 and len(lengths) == 64
+        assert max(lengths) == 262144 and 256 <= min(lengths) < 2048
+
+
+@pytest.mark.parametrize("name", PAGED)
+@pytest.mark.parametrize(("mix", "next_n"), [("mixed", 1), ("equal", 1), ("mixed", 2)])
+def test_the_baseline_passes_the_check_in_any_order(name, mix, next_n):
+    op, _, inputs, scores = _case(name, mix, next_n, distribution="uniform_outliers")
+    output = _forward(op.baseline_path)(*inputs.values())
+    shuffled = output[:, torch.randperm(output.shape[1])]
+    ok, detail = op.check(shuffled, scores, inputs)
+    assert ok, detail
+    assert (output == -1).any() == (mix == "mixed")  # a mixed batch always has a short row
+
+
+def test_the_check_refuses_indices_past_a_rows_prefix():
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged", next_n=2)
+    output = _forward(ROOT / "tests" / "candidates" / "dsa_paged_ignores_lengths.py")(*inputs.values())
+    ok, detail = op.check(output, scores, inputs)
+    assert not ok and "outside their row's prefix" in detail
+
+
+def test_the_check_refuses_a_short_row_without_its_padding():
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged")
+    output = _forward(op.baseline_path)(*inputs.values())
+    row = int((output == -1).any(dim=1).nonzero()[0])
+    unpadded = output.clone()
+    unpadded[row, (unpadded[row] == -1).nonzero()[0]] = -7
+    ok, detail = op.check(unpadded, scores, inputs)
+    assert not ok and "outside their row's prefix" in detail
+    short = output.clone()
+    short[row, (short[row] != -1).nonzero()[0]] = -1  # one real index dropped
+    ok, detail = op.check(short, scores, inputs)
+    assert not ok and f"row {row} sees" in detail and "padded wrongly" in detail
+
+
+def test_the_check_refuses_another_sequences_blocks_and_duplicates():
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged", mix="equal")
+    # Every sequence scored against sequence 0's blocks.
+    borrowed = {**inputs, "block_table": inputs["block_table"][:1].expand_as(inputs["block_table"])}
+    output = _forward(op.baseline_path)(*borrowed.values())
+    ok, detail = op.check(output, scores, inputs)
+    assert not ok and "fall short of the true top-256 of their prefix" in detail
+    right = _forward(op.baseline_path)(*inputs.values())
+    doubled = right.clone()
+    doubled[2, -1] = doubled[2, 0]
+    ok, detail = op.check(doubled, scores, inputs)
+    assert not ok and "duplicate" in detail and "row 2" in detail
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_a_nearly_repeated_batch_has_another_answer(name):
+    op = get_op(name)
+    workload = op.workloads("cpu", [2048], [16])[0]  # the most sequences, so the most keys changed
+    inputs = op.make_inputs(workload, 3, "uniform_outliers")
+    other = op.make_inputs(workload, 99, "uniform_outliers")
+    near = op.nearly(inputs, other, torch.Generator().manual_seed(1))
+    # Each changed key is four times as loud as the loudest before, not than the last changed.
+    loud = "kv_scale" if name.endswith("fp8") else "kv_cache"
+    before, after = (float(values[loud].float().abs().amax()) for values in (inputs, near))
+    assert after == pytest.approx(4 * before, rel=0.02)
+    kept = _forward(op.baseline_path)(*inputs.values())
+    assert not op.check(kept, op.reference(near), near)[0]
+    assert op.check(_forward(op.baseline_path)(*near.values()), op.reference(near), near)[0]
+
+
+def test_the_fp8_paged_reference_is_the_dequantized_cache():
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged_fp8", mix="equal")
+    bf16 = get_op("dsa_indexer_topk_paged")
+    widened = {**inputs, "q": inputs["q"].float(),
+               "kv_cache": inputs["kv_cache"].float() * inputs["kv_scale"].unsqueeze(-1)}
+    del widened["kv_scale"]
+    assert torch.allclose(bf16.reference(widened), scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_flops_and_bytes_count_each_sequences_own_tokens(name):
+    op = get_op(name)
+    mixed, equal = op.workloads("cuda", [65536], [64])[::2]
+    assert mixed.params["tokens"] < equal.params["tokens"] == 64 * 65536
+    assert op.flops(mixed) < op.flops(equal) and op.bytes(mixed) < op.bytes(equal)
+    per_token = 64 * (2 * 128 + 3) + (64 if name.endswith("fp8") else 0)
+    assert op.flops(equal) == 64 * 65536 * per_token
+
+
+def test_a_kernel_that_ignores_the_lengths_is_right_on_equal_batches_only():
+    """Outside the harness it is right where every sequence fills its row; inside, the
+    corpus shows it rejected by correctness on the mixed batches
+    (tests/test_harness_corpus.py, PLANTED)."""
+    forward = _forward(ROOT / "tests" / "candidates" / "dsa_paged_ignores_lengths.py")
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged", mix="equal")
+    assert op.check(forward(*inputs.values()), scores, inputs)[0]
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged", mix="mixed")
+    assert not op.check(forward(*inputs.values()), scores, inputs)[0]
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_the_baseline_against_itself_is_no_gain(name):
+    result = evaluate(name, "baseline", context_lengths=[2048], time_budget_s=0.2,
+                      limits=Limits(import_s=20, call_s=20, memory_bytes=1024 * 2**20))
+    assert result.correct is True
+    assert result.verdict == "no-gain", [(g.name, g.detail) for g in result.guards if g.status == "fail"]
