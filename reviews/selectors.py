@@ -168,12 +168,20 @@ def workload_layout(candidate: Candidate) -> tuple[str | None, dict[str, tuple[i
     thesis = candidate.sweep.thesis
     device = HARDWARE[candidate.sweep.hardware].device
     try:
-        workloads = ops.get_op(thesis.op).workloads(device, thesis.context_lengths, thesis.batch_sizes)
+        op = ops.get_op(thesis.op)
+        workloads = op.workloads(device, thesis.context_lengths, thesis.batch_sizes)
     except (ops.UnknownOpError, ops.WorkloadError):
         return None, {}
+    return workload_groups(op, workloads)
+
+
+def workload_groups(op: ops.Op, workloads: list[ops.Workload],
+                    ) -> tuple[str | None, dict[str, tuple[int | None, str]]]:
+    """The size axis of `workloads` and each one's size and group (see workload_layout)."""
     axis = size_axis(dict(workloads[0].params)) if workloads else None
     varying = sorted(key for key in {k for w in workloads for k in w.params}
-                     if key != axis and len({repr(w.params.get(key)) for w in workloads}) > 1)
+                     if key != axis and key not in op.sized_params
+                     and len({repr(w.params.get(key)) for w in workloads}) > 1)
     layout = {
         w.name: (w.params.get(axis) if axis else None,
                  ",".join(f"{key}={w.params.get(key)}" for key in varying) or "all")

@@ -58,3 +58,79 @@ def test_the_fp8_step_serves_the_indexer_e4m3_keys_with_their_scales_and_scaled_
     assert torch.isfinite(output.float()).all()
     assert seen == [(torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float32, (1024,),
                      (2, shape.index_heads), shape.topk)] * shape.layers
+
+
+# The decode loop of the paged ops: contexts that grow every step, as a server's do.
+
+@pytest.mark.parametrize("op_name", ["dsa_indexer_topk_paged", "dsa_indexer_topk_paged_fp8"])
+def test_the_decode_loop_grows_every_context_by_a_token_a_step(op_name):
+    seen = []
+    kept = kept_dispatch()[op_name]
+
+    def recording(*args):
+        seen.append(args[-3].clone())  # context_lens, as the kernel saw them
+        return kept(*args)
+
+    loop = build_step(op_name, recording, device="cpu", context_length=1024, batch=4, seed=5)
+    first = loop.first_lens.clone()
+    output = loop()
+    steps, layers = loop.steps, SHAPES["cpu"].layers
+    assert steps == 4 and output.shape == (4, SHAPES["cpu"].hidden)
+    assert torch.isfinite(output.float()).all()
+    # Every layer of step t sees each sequence one token longer than at step t - 1.
+    assert len(seen) == steps * layers
+    for step in range(steps):
+        for layer in range(layers):
+            assert torch.equal(seen[step * layers + layer], first + step + 1)
+    assert int(first.max()) == 1024 and int(first.min()) < SHAPES["cpu"].topk
+
+
+def test_a_sequence_at_its_room_starts_over_at_its_first_length():
+    loop = build_step("dsa_indexer_topk_paged", kept_dispatch()["dsa_indexer_topk_paged"],
+                      device="cpu", context_length=1024, batch=3, seed=2)
+    loop.context_lens.copy_(loop.first_lens + loop.GROWTH)
+    loop.step()
+    assert torch.equal(loop.context_lens, loop.first_lens + 1)
+
+
+def test_the_new_token_is_written_where_its_sequence_reads_it():
+    loop = build_step("dsa_indexer_topk_paged", kept_dispatch()["dsa_indexer_topk_paged"],
+                      device="cpu", context_length=1024, batch=3, seed=2)
+    layer = loop.layers[0]
+    before = layer["index_cache"].clone()
+    loop.step()
+    changed = (layer["index_cache"] != before).any(dim=-1).nonzero().tolist()
+    expected = []
+    for row, length in enumerate(loop.context_lens.tolist()):
+        position = length - 1
+        expected.append([int(loop.block_table[row, position // 64]), position % 64])
+    assert sorted(changed) == sorted(expected)
+
+
+def test_a_kernel_that_pays_per_context_length_pays_it_every_step_of_the_loop():
+    """Slower only at new lengths: fast again at lengths it has seen (what a kernel timing
+    at fixed sizes sees), but in the loop every step is a new length."""
+    import time
+
+    pause_s = 0.02
+    kept = kept_dispatch()["dsa_indexer_topk_paged"]
+    compiled = set()
+
+    def compiles_per_length(q, kv_cache, block_table, context_lens, weights, topk):
+        longest = int(context_lens.max())
+        if longest not in compiled:
+            time.sleep(pause_s)
+            compiled.add(longest)
+        return kept(q, kv_cache, block_table, context_lens, weights, topk)
+
+    loop = build_step("dsa_indexer_topk_paged", compiles_per_length, device="cpu",
+                      context_length=1024, batch=2, seed=3)
+    started = time.perf_counter()
+    loop()
+    # One new longest length per step, paid once per step (the layers share it).
+    assert time.perf_counter() - started >= loop.steps * pause_s
+    assert len(compiled) == loop.steps
+    inputs = (torch.zeros(2, 1, 16, 64, dtype=torch.bfloat16), loop.layers[0]["index_cache"],
+              loop.block_table, loop.context_lens, torch.zeros(2, 16), 256)
+    compiles_per_length(*inputs)  # a length it has seen: no pause
+    assert len(compiled) == loop.steps

@@ -162,3 +162,19 @@ def test_the_points_follow_the_declared_contexts_and_batches():
     assert endtoend.points(dsa, workloads, "cpu", [2, 4]) == [
         Point(2048, 2), Point(2048, 4), Point(8192, 2), Point(8192, 4)]
     assert endtoend.points(rmsnorm, rmsnorm.workloads("cuda", [128]), "cuda", None) == [Point(4096, 1)]
+
+
+def test_the_paged_op_decodes_for_many_steps_and_reports_tokens_per_second():
+    result = evaluate("dsa_indexer_topk_paged", "baseline", context_lengths=[2048], time_budget_s=0.1,
+                      limits=LIMITS)
+    assert result.verdict != "rejected", result.guards
+    e2e = result.to_dict()["e2e"]
+    _assert_contract(e2e, [(2048, 8)])
+    steps = get_op("dsa_indexer_topk_paged").decode_steps["cpu"]
+    assert e2e["decode_steps"] == steps
+    point = e2e["points"][0]
+    # Tokens per second: the batch's sequences, a token each per step, per timed call.
+    assert point["candidate_tokens_per_s"] == pytest.approx(8 * steps / (point["candidate_ms"] / 1e3))
+    guard = _e2e_guard(result)
+    assert f"decode loop of {steps} steps a call at ctx<=2048, batch 8" in guard.detail
+    assert "tokens/s against" in guard.detail

@@ -182,3 +182,4 @@ def test_the_baseline_against_itself_is_no_gain(name):
                       limits=Limits(import_s=20, call_s=20, memory_bytes=1024 * 2**20))
     assert result.correct is True
     assert result.verdict == "no-gain", [(g.name, g.detail) for g in result.guards if g.status == "fail"]
+

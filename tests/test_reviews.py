@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from research import services as research_services
 from research import workspace
+from runners.ops import get_op
 from reviews import selectors, services
 from reviews.models import Review
 from tests.reviewing import make_reviewer, make_thesis, record, recorded_result, start_sweep
@@ -280,3 +281,12 @@ def test_a_win_that_needs_scrutiny_shows_that_flag_before_everything_else(
     client.force_login(people.reviewer)
     guards = client.get(candidate.get_absolute_url()).content.decode().split('id="guards"')[1]
     assert guards.index("needs scrutiny") < guards.index("slower end to end") < guards.index("cache-state")
+
+
+def test_the_review_page_draws_one_curve_per_kind_of_batch():
+    op = get_op("dsa_indexer_topk_paged")
+    axis, layout = selectors.workload_groups(op, op.workloads("cpu", [2048, 4096, 8192]))
+    assert axis == "context_length"
+    groups = {group for _, group in layout.values()}
+    assert groups == {"mix=equal,next_n=1", "mix=mixed,next_n=1", "mix=mixed,next_n=2"}
+    assert layout["ctx<=4096,b=8,mixed"] == (4096, "mix=mixed,next_n=1")

@@ -92,6 +92,18 @@ def test_the_form_page_renders_in_full_without_htmx(logged_in_client):
     assert "<html" in html and 'id="thesis-form"' in html and "dsa_indexer_topk" in html
 
 
+def test_the_form_offers_the_paged_decode_ops_and_files_one_with_their_defaults(logged_in_client):
+    html = logged_in_client.get(reverse("thesis_new")).content.decode()
+    for op in ("dsa_indexer_topk_paged", "dsa_indexer_topk_paged_fp8"):
+        assert f'<option value="{op}"' in html
+    response = logged_in_client.post(reverse("thesis_new"), _form(
+        op="dsa_indexer_topk_paged", allowed_paths="kernels/dsa_indexer_topk_paged/\n",
+        context_lengths="", batch_sizes=""))
+    thesis = Thesis.objects.get()
+    assert response.status_code == 302 and thesis.op == "dsa_indexer_topk_paged"
+    assert thesis.context_lengths == [2048, 8192] and thesis.batch_sizes == [8]
+
+
 def test_a_plain_post_files_the_thesis_and_redirects_to_it(logged_in_client):
     evidence = SimpleUploadedFile("kern_sum.csv", NSYS_CSV, content_type="text/csv")
     response = logged_in_client.post(reverse("thesis_new"), {**_form(), "evidence": evidence})

@@ -4,7 +4,11 @@
 #   corpus         the GPU-only planted bugs and hacks of the corpus (pytest, no Django),
 #   red_team       the red team on CUDA: every hack caught, no legit kernel rejected,
 #   repeatability  the baseline and the torch chunked variant, each evaluated 3 times by
-#                  fresh harness processes: how far their medians move between runs.
+#                  fresh harness processes: how far their medians move between runs,
+#   paged          the paged decode ops' baselines against themselves (no-gain, the decode
+#                  loop's tokens per second),
+#   first_call     the kept CuTe indexers on their dense ops: what their first call at a
+#                  new context length costs (the first-call guard; needs CuTe DSL).
 #
 #   bash bench/h200/harness_checks.sh SECTION ...
 #
@@ -19,7 +23,7 @@
 set -uo pipefail
 SECTIONS=("$@")
 if [[ $# -eq 0 ]]; then
-  echo "usage: $0 SECTION ... (aa, corpus, red_team, repeatability)" >&2
+  echo "usage: $0 SECTION ... (aa, corpus, red_team, repeatability, paged, first_call)" >&2
   exit 2
 fi
 cd "$(dirname "$0")/../.."
@@ -56,6 +60,17 @@ wanted red_team && section red_team 560 python3 scripts/red_team.py --device "$D
 wanted repeatability && section repeatability ${REPEATABILITY_S:-560} python3 bench/repeatability.py dsa_indexer_topk \
   baseline runners/ops/dsa_indexer_topk/kernels/chunked_topk.py --device "$DEVICE" --repeats 3 \
   --time-budget ${REPEATABILITY_BUDGET_S:-3} --out "$OUT/checks/repeatability"
+
+wanted paged && section paged 400 bash -c 'for op in dsa_indexer_topk_paged dsa_indexer_topk_paged_fp8; do
+    python3 -m runners.harness evaluate $op baseline --device "$0" --json >"$1/$op.json" &&
+    python3 bench/h200/verdict.py "$1/$op.json"; done' "$DEVICE" "$OUT/checks"
+
+wanted first_call && section first_call 400 bash -c 'for pair in dsa_indexer_topk:logits_topk_cute dsa_indexer_topk_fp8:logits_topk_fp8_cute; do
+    op=${pair%%:*}; kernel=${pair#*:}
+    python3 -m runners.harness evaluate $op runners/ops/$op/kernels/$kernel.py --device "$0" --ctx 65536,262144 \
+      --json >"$1/first_call_$op.json"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r[\"verdict\"], *[g[\"detail\"] for g in r[\"guards\"] if g[\"name\"]==\"first-call\"])" \
+      "$1/first_call_$op.json" "$op"; done' "$DEVICE" "$OUT/checks"
 
 tar czf "$OUT/checks.tgz" -C "$OUT" checks && rm -rf "$OUT/checks"
 printf '%s\n' "${SUMMARY[@]}"

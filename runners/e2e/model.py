@@ -66,6 +66,59 @@ class Dispatch:
     rmsnorm: Kernel
     dsa_indexer_topk: Kernel
     dsa_indexer_topk_fp8: Kernel
+    dsa_indexer_topk_paged: Kernel
+    dsa_indexer_topk_paged_fp8: Kernel
+
+
+def _weight_maker(generator: torch.Generator, device: str) -> Callable[..., torch.Tensor]:
+    def weight(*dims: int, scale_dim: int) -> torch.Tensor:
+        return (torch.randn(*dims, generator=generator, device=device, dtype=torch.float32)
+                * scale_dim**-0.5).to(torch.bfloat16)
+    return weight
+
+
+def _layer_weights(s: ModelShape, weight: Callable[..., torch.Tensor], device: str) -> dict:
+    """One layer's weights, without its caches."""
+    dtype = torch.bfloat16
+    return {
+        "attn_norm": torch.ones(s.hidden, device=device, dtype=dtype),
+        "q_down": weight(s.hidden, s.q_latent, scale_dim=s.hidden),
+        "q_norm": torch.ones(s.q_latent, device=device, dtype=dtype),
+        "q_up": weight(s.q_latent, s.heads * s.cache_width, scale_dim=s.q_latent),
+        "index_q": weight(s.q_latent, s.index_heads * s.index_dim, scale_dim=s.q_latent),
+        "index_w": weight(s.hidden, s.index_heads, scale_dim=s.hidden).float(),
+        "out": weight(s.heads * s.kv_latent, s.hidden, scale_dim=s.heads * s.kv_latent),
+        "moe_norm": torch.ones(s.hidden, device=device, dtype=dtype),
+        "router": weight(s.hidden, s.experts, scale_dim=s.hidden),
+        # Routed experts and the shared one in one stack: index s.experts is shared.
+        "gate": weight(s.experts + 1, s.hidden, s.expert_width, scale_dim=s.hidden),
+        "up": weight(s.experts + 1, s.hidden, s.expert_width, scale_dim=s.hidden),
+        "down": weight(s.experts + 1, s.expert_width, s.hidden, scale_dim=s.expert_width),
+    }
+
+
+def moe(s: ModelShape, layer: dict, x: torch.Tensor, rmsnorm: Kernel) -> torch.Tensor:
+    h = rmsnorm(x, layer["moe_norm"], RMS_EPS)
+    scores = (h @ layer["router"]).float().sigmoid()
+    top = scores.topk(s.experts_per_token, dim=-1)
+    routing = torch.zeros_like(scores).scatter(-1, top.indices, top.values / top.values.sum(-1, keepdim=True))
+    routing = torch.cat([routing, torch.ones_like(routing[:, :1])], dim=-1)  # shared expert
+    gate = torch.einsum("bh,ehw->ebw", h, layer["gate"])
+    up = torch.einsum("bh,ehw->ebw", h, layer["up"])
+    out = torch.einsum("ebw,ewh->ebh", torch.nn.functional.silu(gate) * up, layer["down"])
+    return torch.einsum("ebh,be->bh", out.float(), routing).to(x.dtype)
+
+
+def sparse_mla(s: ModelShape, layer: dict, q_latent: torch.Tensor, kv: torch.Tensor,
+               valid: torch.Tensor | None = None) -> torch.Tensor:
+    """MQA over the selected tokens' latent cache entries [batch, topk, cache_width];
+    `valid` [batch, topk] masks selections that are padding."""
+    q = (q_latent @ layer["q_up"]).view(-1, s.heads, s.cache_width)
+    scores = torch.einsum("bhc,btc->bht", q, kv).float() * s.cache_width**-0.5
+    if valid is not None:
+        scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))
+    attended = torch.einsum("bht,btv->bhv", scores.softmax(-1).to(kv.dtype), kv[..., : s.kv_latent])
+    return attended.flatten(1) @ layer["out"]
 
 
 class DecodeStep:
@@ -77,37 +130,18 @@ class DecodeStep:
             raise ValueError(f"context length {context_length} is below top-k {shape.topk}")
         self.shape, self.dispatch, self.fp8_indexer = shape, dispatch, fp8_indexer
         generator = torch.Generator(device=device).manual_seed(seed)
-        dtype = torch.bfloat16
-
-        def weight(*dims: int, scale_dim: int) -> torch.Tensor:
-            return (torch.randn(*dims, generator=generator, device=device, dtype=torch.float32)
-                    * scale_dim**-0.5).to(dtype)
-
+        weight = _weight_maker(generator, device)
         s = shape
-        self.layers = [
-            {
-                "attn_norm": torch.ones(s.hidden, device=device, dtype=dtype),
-                "q_down": weight(s.hidden, s.q_latent, scale_dim=s.hidden),
-                "q_norm": torch.ones(s.q_latent, device=device, dtype=dtype),
-                "q_up": weight(s.q_latent, s.heads * s.cache_width, scale_dim=s.q_latent),
-                "index_q": weight(s.q_latent, s.index_heads * s.index_dim, scale_dim=s.q_latent),
-                "index_w": weight(s.hidden, s.index_heads, scale_dim=s.hidden).float(),
-                "index_k": weight(context_length, s.index_dim, scale_dim=1),
-                "cache": weight(context_length, s.cache_width, scale_dim=1),
-                "out": weight(s.heads * s.kv_latent, s.hidden, scale_dim=s.heads * s.kv_latent),
-                "moe_norm": torch.ones(s.hidden, device=device, dtype=dtype),
-                "router": weight(s.hidden, s.experts, scale_dim=s.hidden),
-                # Routed experts and the shared one in one stack: index s.experts is shared.
-                "gate": weight(s.experts + 1, s.hidden, s.expert_width, scale_dim=s.hidden),
-                "up": weight(s.experts + 1, s.hidden, s.expert_width, scale_dim=s.hidden),
-                "down": weight(s.experts + 1, s.expert_width, s.hidden, scale_dim=s.expert_width),
-            }
-            for _ in range(s.layers)
-        ]
+        self.layers = []
+        for _ in range(s.layers):
+            layer = _layer_weights(s, weight, device)
+            layer["index_k"] = weight(context_length, s.index_dim, scale_dim=1)
+            layer["cache"] = weight(context_length, s.cache_width, scale_dim=1)
+            self.layers.append(layer)
         if fp8_indexer:  # the cache as served: e4m3 keys, one float32 scale per token
             for layer in self.layers:
                 layer["index_k"], layer["index_k_scale"] = quantize_rows(layer["index_k"])
-        self.x = torch.randn(batch, s.hidden, generator=generator, device=device).to(dtype)
+        self.x = torch.randn(batch, s.hidden, generator=generator, device=device).to(torch.bfloat16)
 
     def __call__(self) -> torch.Tensor:
         x = self.x
@@ -128,20 +162,123 @@ class DecodeStep:
                                                     index_weights * q_scale, s.topk)
         else:
             selected = kernels.dsa_indexer_topk(index_q, layer["index_k"], index_weights, s.topk)
-        q = (q_latent @ layer["q_up"]).view(-1, s.heads, s.cache_width)
-        kv = layer["cache"][selected]  # [batch, topk, cache_width]: only what the indexer chose
-        scores = torch.einsum("bhc,btc->bht", q, kv).float() * s.cache_width**-0.5
-        attended = torch.einsum("bht,btv->bhv", scores.softmax(-1).to(kv.dtype), kv[..., : s.kv_latent])
-        return attended.flatten(1) @ layer["out"]
+        # Only what the indexer chose: [batch, topk, cache_width].
+        return sparse_mla(s, layer, q_latent, layer["cache"][selected])
 
     def _moe(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
-        s = self.shape
-        h = self.dispatch.rmsnorm(x, layer["moe_norm"], RMS_EPS)
-        scores = (h @ layer["router"]).float().sigmoid()
-        top = scores.topk(s.experts_per_token, dim=-1)
-        routing = torch.zeros_like(scores).scatter(-1, top.indices, top.values / top.values.sum(-1, keepdim=True))
-        routing = torch.cat([routing, torch.ones_like(routing[:, :1])], dim=-1)  # shared expert
-        gate = torch.einsum("bh,ehw->ebw", h, layer["gate"])
-        up = torch.einsum("bh,ehw->ebw", h, layer["up"])
-        out = torch.einsum("ebw,ewh->ebh", torch.nn.functional.silu(gate) * up, layer["down"])
-        return torch.einsum("ebh,be->bh", out.float(), routing).to(x.dtype)
+        return moe(self.shape, layer, x, self.dispatch.rmsnorm)
+
+
+class PagedDecodeLoop:
+    """K decode steps of the stack as a serving engine runs them (the paged indexer ops).
+
+    A batch of sequences of mixed lengths (the paged op's mixed workload at this point's
+    longest context) whose indexer keys and latent cache live in paged caches of
+    64-token blocks, shuffled, one block table for both. Every step appends one token
+    to every sequence (its index key, quantized per token with `fp8_indexer`, and its
+    cache entry, written at the position its length names), so every context grows by
+    one, then runs each layer with the indexer over every sequence's own prefix and the
+    sparse MLA over what it selected (−1 padding masked). All of it is device work on
+    device-held lengths, so on CUDA the K steps are captured once and replayed, as a
+    server replays its graph with new lengths every step; a kernel that pays per length
+    pays it every step here. A sequence that reaches its room (GROWTH tokens more than it
+    began with) starts over at its first length, as a server takes in new requests.
+    """
+
+    # Tokens each sequence may grow by before it starts over: room for more steps than
+    # a timed run takes between resets, and little memory.
+    GROWTH = 256
+
+    def __init__(self, shape: ModelShape, *, context_length: int, batch: int, device: str,
+                 seed: int, dispatch: Dispatch, fp8_indexer: bool, steps: int) -> None:
+        from runners.ops import get_op
+        from runners.ops.dsa_indexer_topk_paged import BLOCK_SIZE, blocks_for, mixed_lengths
+
+        if context_length < shape.topk:
+            raise ValueError(f"context length {context_length} is below top-k {shape.topk}")
+        self.shape, self.dispatch, self.fp8_indexer, self.steps = shape, dispatch, fp8_indexer, steps
+        s = shape
+        generator = torch.Generator(device=device).manual_seed(seed)
+        layout = torch.Generator().manual_seed(seed)
+        params = get_op("dsa_indexer_topk_paged").workload(
+            device, context_length, batch, "mixed", 1).params
+        typical = (params["tokens"] - context_length) // max(1, batch - 1)
+        lengths = mixed_lengths(batch, context_length, params["tokens"], params["min_length"],
+                                min(s.topk, typical), layout)
+        # Each sequence's own blocks, room to grow included, shuffled across the cache;
+        # entries past its room point at other sequences' blocks, as unused entries may.
+        owned = [blocks_for(length + self.GROWTH) for length in lengths]
+        width = max(owned)
+        order = torch.randperm(sum(owned), generator=layout)
+        table = order[torch.randint(sum(owned), (batch, width), generator=layout)]
+        start = 0
+        for row, count in enumerate(owned):
+            table[row, :count] = order[start:start + count]
+            start += count
+        self.block_size = BLOCK_SIZE
+        self.block_table = table.to(torch.int32).to(device)
+        self.first_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+        self.context_lens = self.first_lens.clone()
+        weight = _weight_maker(generator, device)
+        self.layers = []
+        for _ in range(s.layers):
+            layer = _layer_weights(s, weight, device)
+            layer["index_k_new"] = weight(s.hidden, s.index_dim, scale_dim=s.hidden)
+            layer["kv_new"] = weight(s.hidden, s.cache_width, scale_dim=s.hidden)
+            keys = weight(sum(owned), BLOCK_SIZE, s.index_dim, scale_dim=1)
+            if fp8_indexer:  # the cache as served: e4m3 keys, one float32 scale per token
+                layer["index_cache"], layer["index_scale"] = quantize_rows(keys)
+            else:
+                layer["index_cache"] = keys
+            layer["cache"] = weight(sum(owned), BLOCK_SIZE, s.cache_width, scale_dim=1)
+            self.layers.append(layer)
+        self.x = torch.randn(batch, s.hidden, generator=generator, device=device).to(torch.bfloat16)
+
+    @property
+    def tokens_per_call(self) -> int:
+        return self.steps * self.x.shape[0]
+
+    def __call__(self) -> torch.Tensor:
+        x = self.x
+        for _ in range(self.steps):
+            x = self.step()
+        return x
+
+    def step(self) -> torch.Tensor:
+        lens = self.context_lens
+        lens.add_(1)
+        lens.copy_(torch.where(lens > self.first_lens + self.GROWTH, self.first_lens + 1, lens))
+        position = (lens - 1).long()
+        blocks = self.block_table.long().gather(1, (position // self.block_size).unsqueeze(1)).squeeze(1)
+        slots = position % self.block_size
+        x = self.x
+        for layer in self.layers:
+            x = x + self._attention(layer, x, blocks, slots)
+            x = x + moe(self.shape, layer, x, self.dispatch.rmsnorm)
+        return x
+
+    def _attention(self, layer: dict, x: torch.Tensor, blocks: torch.Tensor,
+                   slots: torch.Tensor) -> torch.Tensor:
+        s, kernels = self.shape, self.dispatch
+        h = kernels.rmsnorm(x, layer["attn_norm"], RMS_EPS)
+        key = h @ layer["index_k_new"]
+        if self.fp8_indexer:
+            key, scale = quantize_rows(key)
+            layer["index_scale"][blocks, slots] = scale
+        layer["index_cache"][blocks, slots] = key
+        layer["cache"][blocks, slots] = h @ layer["kv_new"]
+        q_latent = kernels.rmsnorm(h @ layer["q_down"], layer["q_norm"], RMS_EPS)
+        index_q = (q_latent @ layer["index_q"]).view(-1, 1, s.index_heads, s.index_dim)
+        index_weights = (h.float() @ layer["index_w"]) * s.index_heads**-0.5
+        if self.fp8_indexer:
+            index_q, q_scale = quantize_rows(index_q)
+            selected = kernels.dsa_indexer_topk_paged_fp8(
+                index_q, layer["index_cache"], layer["index_scale"], self.block_table,
+                self.context_lens, index_weights * q_scale.view(-1, s.index_heads), s.topk)
+        else:
+            selected = kernels.dsa_indexer_topk_paged(
+                index_q, layer["index_cache"], self.block_table, self.context_lens, index_weights, s.topk)
+        valid = selected >= 0
+        chosen = selected.clamp_min(0)
+        where = self.block_table.long().gather(1, chosen // self.block_size)
+        return sparse_mla(s, layer, q_latent, layer["cache"][where, chosen % self.block_size], valid)

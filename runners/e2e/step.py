@@ -3,6 +3,8 @@
 On CUDA the whole step is captured in one CUDA graph and replayed, as a server runs it:
 a kernel that cannot be captured fails here, and launch overhead it adds is counted.
 On the CPU the same step runs eagerly at the small shape so CI exercises the code path.
+The paged indexer ops run a decode loop instead (model.PagedDecodeLoop): K steps per
+call over paged caches whose contexts grow by a token every step, captured once.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from pathlib import Path
 
 import torch
 
-from runners.e2e.model import SHAPES, DecodeStep, Dispatch, Kernel
+from runners.e2e.model import SHAPES, DecodeStep, Dispatch, Kernel, PagedDecodeLoop
 from runners.harness import timing
 from runners.ops import get_op
 
-DISPATCHED_OPS = ("rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8")
+DISPATCHED_OPS = ("rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
+                  "dsa_indexer_topk_paged_fp8")
+PAGED_OPS = ("dsa_indexer_topk_paged", "dsa_indexer_topk_paged_fp8")
 WARMUP_CALLS = 3
 
 
@@ -41,14 +45,22 @@ def kept_dispatch() -> dict[str, Kernel]:
 
 def build_step(op_name: str, kernel: Kernel, *, device: str, context_length: int, batch: int,
                seed: int) -> Callable[[], torch.Tensor]:
-    """A zero-argument callable running one decode step with `kernel` serving `op_name`."""
+    """A zero-argument callable running one decode step with `kernel` serving `op_name`
+    (K steps of the decode loop for the paged ops)."""
     if op_name not in DISPATCHED_OPS:
         raise ValueError(f"the decode step does not dispatch {op_name!r} (it dispatches {', '.join(DISPATCHED_OPS)})")
     kernels = kept_dispatch()
     kernels[op_name] = kernel
-    # The fp8 op is served by the step's fp8 indexer; every other op runs beside the bf16 one.
-    step = DecodeStep(SHAPES[device], context_length=context_length, batch=batch, device=device,
-                      seed=seed, dispatch=Dispatch(**kernels), fp8_indexer=op_name == "dsa_indexer_topk_fp8")
+    if op_name in PAGED_OPS:
+        step = PagedDecodeLoop(SHAPES[device], context_length=context_length, batch=batch,
+                               device=device, seed=seed, dispatch=Dispatch(**kernels),
+                               fp8_indexer=op_name.endswith("_fp8"),
+                               steps=get_op(op_name).decode_steps[device])
+    else:
+        # The fp8 op is served by the step's fp8 indexer; every other op beside the bf16 one.
+        step = DecodeStep(SHAPES[device], context_length=context_length, batch=batch, device=device,
+                          seed=seed, dispatch=Dispatch(**kernels),
+                          fp8_indexer=op_name == "dsa_indexer_topk_fp8")
     if device != "cuda":
         return step
     return _captured(step)

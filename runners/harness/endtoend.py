@@ -10,7 +10,12 @@ requests, rounds and clock code as the kernel calls (`measure.measure_step`): ea
 the small shape on the CPU, one CUDA-graph replay per step on CUDA. The second baseline
 process is the A/A control again, so "significant" means beyond this run's noise floor.
 
-Points: dsa_indexer_topk runs the step at every declared (context length, batch) of its
+The paged indexer ops run the decode loop instead (`runners.e2e.model.PagedDecodeLoop`):
+each timed call is K decode steps (`Op.decode_steps`) over paged caches whose contexts
+grow by a token every step, and the report gives decode tokens per second beside the
+time per call: whatever a kernel pays per new length, it pays in every step here.
+
+Points: the indexer ops run the step at every declared (context length, batch) of their
 workloads. rmsnorm declares token counts, not contexts, so its step runs at one fixed
 context, the smallest context the indexer op declares on that device (2048 on cpu, 4096
 on cuda), at each declared batch size.
@@ -94,7 +99,9 @@ def check(
             return None, Guard("e2e", "warn", f"the end-to-end check could not run: {failure.detail}")
         measured.append((point, times))
         say(f"timed the decode step at {point.label}: {len(times[CANDIDATE].reported)} samples a side")
-    report = _report(measured, secret_seed=secret_seed, device=device, meaningful=meaningful)
+    steps = op.decode_steps[device] if op.decode_steps else None
+    report = _report(measured, secret_seed=secret_seed, device=device, meaningful=meaningful,
+                     steps=steps)
     return report, _guard(report, workloads, kernel_results)
 
 
@@ -110,7 +117,10 @@ def _call_failed(failure: CallFailed, point: Point) -> Guard:
     return Guard("e2e", "fail", f"raises inside the decode step: forward raised {failure.error} ({where})")
 
 
-def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool) -> dict[str, Any]:
+def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool,
+            steps: int | None = None) -> dict[str, Any]:
+    """The e2e JSON; with `steps` (a decode loop's steps per call), each point also in
+    decode tokens per second (batch × steps per call)."""
     rngs = [np.random.default_rng(derive_seed(secret_seed, "e2e-bootstrap", p.context_length, p.batch))
             for p, _ in measured]
     graphs = device == "cuda"
@@ -131,6 +141,11 @@ def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool) 
             "p_value": found.p_value, "noise_floor_pct": 100 * floor.floor,
             "samples": len(times[CANDIDATE].reported),
         })
+        if steps is not None:
+            tokens = point.batch * steps
+            rows[-1].update(decode_steps=steps,
+                            baseline_tokens_per_s=tokens / (found.baseline_ms / 1e3),
+                            candidate_tokens_per_s=tokens / (found.candidate_ms / 1e3))
     # The headline is the geometric mean over the points (every declared size weighs the
     # same); each point is in `points`, with its own significance.
     total = combined_delta(pooled, rng=np.random.default_rng(derive_seed(secret_seed, "e2e-combined")))
@@ -139,7 +154,7 @@ def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool) 
         "delta_pct": 100 * total.delta,
         "delta_ci_pct": [100 * total.delta_ci[0], 100 * total.delta_ci[1]],
         "p_value": total.p_value, "headline": HEADLINE,
-        "points": rows, "graphs": graphs,
+        "points": rows, "graphs": graphs, "decode_steps": steps,
     }
 
 
@@ -179,4 +194,13 @@ def _guard(report: dict[str, Any], workloads: list[Workload], results: list[Work
                                                f"batch {report['points'][0]['batch']}")
         + f"; 95% CI "
         f"[{low:+.1f}%, {high:+.1f}%]); {verdict}"
+        + (_tokens(report) if report.get("decode_steps") else "")
         + ("; CUDA graphs" if report["graphs"] else "; eager CPU step")))
+
+
+def _tokens(report: dict[str, Any]) -> str:
+    """The decode loop's throughput at its longest context, candidate against kept."""
+    point = max(report["points"], key=lambda p: (p["context_length"], p["batch"]))
+    return (f"; decode loop of {report['decode_steps']} steps a call at ctx<={point['context_length']}, "
+            f"batch {point['batch']}: {point['candidate_tokens_per_s']:,.0f} tokens/s against "
+            f"{point['baseline_tokens_per_s']:,.0f}")

@@ -440,7 +440,8 @@ def _time(run: _Run, checked: Child) -> None:
     hardware = roofline.hardware_key(result.device)
     result.workloads = _workload_results(run, measured, hardware)
     for workload in result.workloads:
-        call = next((call for call in first_calls if call.declared == workload.name), None)
+        call = next((call for call in new_shapes.per_workload(first_calls)
+                     if call.declared == workload.name), None)
         if call is not None:
             workload.first_call_shape = call.shape
             workload.first_call_ms, workload.first_call_baseline_ms = call.candidate_ms, call.baseline_ms

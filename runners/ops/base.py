@@ -132,6 +132,12 @@ class Op:
     # engine meets a new size every decode step: a compile per size is a stall per step.
     # The CPU's floor allows for a 2-core machine's scheduling, not for a compiler.
     first_call_budget: tuple[float, Mapping[str, float]] = (10.0, {"cpu": 50.0, "cuda": 5.0})
+    # Workload parameters that follow from its size (the paged ops' token total and block
+    # counts): they tell no two kinds of workload apart, so curves and new shapes ignore them.
+    sized_params: frozenset[str] = frozenset()
+    # Decode steps in one timed call of the end-to-end loop, per device, for ops the
+    # decode loop serves (runners.e2e.model.PagedDecodeLoop); None: a single step.
+    decode_steps: Mapping[str, int] | None = None
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)

@@ -85,6 +85,10 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
         "in any order, padded with -1 where the prefix is shorter than top-k."
     )
     signature = "forward(q, kv_cache, block_table, context_lens, weights, topk) -> LongTensor"
+    sized_params = frozenset({"tokens", "num_blocks", "max_blocks"})
+    # The end-to-end loop's steps a timed call: enough on CUDA that one replay of the
+    # captured steps is a stretch of serving; few on a CPU, where each step is slow.
+    decode_steps = {"cpu": 4, "cuda": 32}
 
     def default_context_lengths(self, device: str) -> list[int]:
         return {"cpu": [2048, 8192], "cuda": [4096, 65536, 262144]}[device]
