@@ -138,8 +138,9 @@ def _verdict(result: EvaluationResult) -> str:
 
 def _dispatch(workloads: list[Workload], results: list[WorkloadResult],
               secret: list[Workload]) -> dict | None:
-    """The sizes the candidate won at, every one checked and timed; and the secret sizes
-    checked for correctness between them (never timed: the range does not claim them)."""
+    """The sizes the candidate won at, every one checked and timed; the secret sizes
+    checked for correctness between them (never timed: the range does not claim them);
+    and what a size inside that no process had seen cost on its first call."""
     axis = size_axis(workloads[0].params) if workloads else None
     if axis is None:
         return None
@@ -153,6 +154,15 @@ def _dispatch(workloads: list[Workload], results: list[WorkloadResult],
         if inside:
             found["summary"] += (f"; also correct at {len(inside)} secret size"
                                  f"{'s' if len(inside) > 1 else ''} in between (not timed)")
+        firsts = [result for workload, result in zip(workloads, results)
+                  if found["min"] <= workload.params[axis] <= found["max"]
+                  and result.first_call_ms is not None]
+        if firsts:
+            worst = max(firsts, key=lambda result: result.first_call_ms)
+            found["new_size_first_call_ms"] = worst.first_call_ms
+            found["new_size_first_call_baseline_ms"] = worst.first_call_baseline_ms
+            found["summary"] += (f"; a new size's first call up to {worst.first_call_ms:.3g} ms "
+                                 f"(kept kernel {worst.first_call_baseline_ms:.3g} ms)")
     return found
 
 

@@ -22,6 +22,17 @@ SHAPES = {
 }
 
 
+def repeated_indices(indices: torch.Tensor) -> str | None:
+    """What is wrong with rows of `indices` [rows, k] that hold an index twice, or None."""
+    ordered = indices.sort(dim=1).values
+    repeated = ordered[:, 1:] == ordered[:, :-1]
+    if not bool(repeated.any()):
+        return None
+    row = int(repeated.any(dim=1).nonzero()[0])
+    index = int(ordered[row, 1:][repeated[row]][0])
+    return f"{int(repeated.sum()):,} duplicate indices; row {row} returns {index} more than once"
+
+
 class DsaIndexerTopk(Op):
     name = "dsa_indexer_topk"
     title = "DSA indexer top-k"
@@ -129,15 +140,9 @@ class DsaIndexerTopk(Op):
                 f"{int(outside.sum()):,} indices are outside [0, {context}); "
                 f"first in row {row}: {int(output[row][outside[row]][0])}"
             )
-        ordered = output.sort(dim=1).values
-        repeated = ordered[:, 1:] == ordered[:, :-1]
-        if bool(repeated.any()):
-            row = int(repeated.any(dim=1).nonzero()[0])
-            index = int(ordered[row, 1:][repeated[row]][0])
-            return False, (
-                f"{int(repeated.sum()):,} duplicate indices; row {row} returns {index} "
-                "more than once"
-            )
+        repeated = repeated_indices(output)
+        if repeated is not None:
+            return False, repeated
         got = scores.gather(1, output).sort(dim=1, descending=True).values
         want = scores.topk(topk, dim=1).values
         rtol, atol = self.tolerance(inputs["q"].dtype)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from runners.ops.base import Workload, make_generator, sample
-from runners.ops.dsa_indexer_topk import SHAPES, DsaIndexerTopk
+from runners.ops.dsa_indexer_topk import SHAPES, DsaIndexerTopk, repeated_indices
 
 BLOCK_SIZE = 64  # tokens per cache block: DeepSeek-V3.2's indexer cache as vLLM pages it
 MIXES = ("mixed", "equal")
@@ -259,16 +259,10 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
                 f"entries of -1, and has {int(padding[row].sum())}"
             )
         # −1s are distinct from every index and from each other here: only real repeats count.
-        distinct = torch.where(padding, -2 - torch.arange(topk, device=output.device), output)
-        ordered = distinct.sort(dim=1).values
-        repeated = ordered[:, 1:] == ordered[:, :-1]
-        if bool(repeated.any()):
-            row = int(repeated.any(dim=1).nonzero()[0])
-            index = int(ordered[row, 1:][repeated[row]][0])
-            return False, (
-                f"{int(repeated.sum()):,} duplicate indices; row {row} returns {index} "
-                "more than once"
-            )
+        repeated = repeated_indices(
+            torch.where(padding, -2 - torch.arange(topk, device=output.device), output))
+        if repeated is not None:
+            return False, repeated
         got = scores.gather(1, output.clamp_min(0)).masked_fill(padding, float("-inf"))
         got = got.sort(dim=1, descending=True).values
         want = scores.topk(topk, dim=1).values

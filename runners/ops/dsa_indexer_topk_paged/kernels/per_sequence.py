@@ -46,12 +46,14 @@ def forward(
     rows = weights.view(batch, next_n, heads)
     for sequence, length in enumerate(context_lens.tolist()):
         blocks = block_table[sequence, :-(-length // block)].long()
-        keys = kv_cache[blocks].reshape(-1, dim)[:length]
+        # Whole blocks, the tail masked below: matmul shapes in multiples of a block, not
+        # one per length (oneDNN builds and keeps a kernel for every new shape).
+        keys = kv_cache[blocks].reshape(-1, dim)
         # Token j of the sequence sees its first length - next_n + 1 + j keys.
         limits = torch.arange(length - next_n + 1, length + 1, device=q.device)
         best_values = torch.empty(next_n, 0, device=q.device)
         best_indices = torch.empty(next_n, 0, dtype=torch.int64, device=q.device)
-        for start in range(0, length, PARAMS["chunk"]):
+        for start in range(0, keys.shape[0], PARAMS["chunk"]):
             scores = _scores(q[sequence], keys[start:start + PARAMS["chunk"]], rows[sequence])
             positions = torch.arange(start, start + scores.shape[1], device=q.device)
             scores.masked_fill_(positions >= limits.unsqueeze(1), float("-inf"))

@@ -44,13 +44,15 @@ def forward(
     wide_q = q.bfloat16()
     for sequence, length in enumerate(context_lens.tolist()):
         blocks = block_table[sequence, :-(-length // block)].long()
-        keys = kv_cache[blocks].reshape(-1, dim)[:length]
-        scales = kv_scale[blocks].reshape(-1)[:length]
+        # Whole blocks, the tail masked below: matmul shapes in multiples of a block, not
+        # one per length (oneDNN builds and keeps a kernel for every new shape).
+        keys = kv_cache[blocks].reshape(-1, dim)
+        scales = kv_scale[blocks].reshape(-1)
         # Token j of the sequence sees its first length - next_n + 1 + j keys.
         limits = torch.arange(length - next_n + 1, length + 1, device=q.device)
         best_values = torch.empty(next_n, 0, device=q.device)
         best_indices = torch.empty(next_n, 0, dtype=torch.int64, device=q.device)
-        for start in range(0, length, PARAMS["chunk"]):
+        for start in range(0, keys.shape[0], PARAMS["chunk"]):
             end = start + PARAMS["chunk"]
             scores = _scores(wide_q[sequence], keys[start:end].bfloat16(), scales[start:end],
                              rows[sequence])
