@@ -192,7 +192,9 @@ class PagedDecodeLoop:
     def __init__(self, shape: ModelShape, *, context_length: int, batch: int, device: str,
                  seed: int, dispatch: Dispatch, fp8_indexer: bool, steps: int) -> None:
         from runners.ops import get_op
-        from runners.ops.dsa_indexer_topk_paged import BLOCK_SIZE, blocks_for, mixed_lengths
+        from runners.ops.dsa_indexer_topk_paged import (
+            BLOCK_SIZE, blocks_for, mixed_lengths, shuffled_block_table,
+        )
 
         if context_length < shape.topk:
             raise ValueError(f"context length {context_length} is below top-k {shape.topk}")
@@ -208,13 +210,7 @@ class PagedDecodeLoop:
         # Each sequence's own blocks, room to grow included, shuffled across the cache;
         # entries past its room point at other sequences' blocks, as unused entries may.
         owned = [blocks_for(length + self.GROWTH) for length in lengths]
-        width = max(owned)
-        order = torch.randperm(sum(owned), generator=layout)
-        table = order[torch.randint(sum(owned), (batch, width), generator=layout)]
-        start = 0
-        for row, count in enumerate(owned):
-            table[row, :count] = order[start:start + count]
-            start += count
+        table = shuffled_block_table(owned, sum(owned), max(owned), layout)
         self.block_size = BLOCK_SIZE
         self.block_table = table.to(torch.int32).to(device)
         self.first_lens = torch.tensor(lengths, dtype=torch.int32, device=device)

@@ -276,8 +276,8 @@ def replay_checks(children: list[Requester], feed: Feed, op: Op, workloads: list
     the same order leave the heap laid out alike, and where buffers sit relative to each
     other, 4K aliasing and cache sets, moved CPU times by 10-15% between processes), and
     each has run every workload once. Each call's inputs are made and written once."""
-    for workload, order in ((w, REPLAY_ORDER) for w in workloads):
-        calls = check_calls(workload, secret_seed, order)
+    for workload in workloads:
+        calls = check_calls(workload, secret_seed, REPLAY_ORDER)
         made = CallInputs(op, workload, secret_seed)
         first = made.of(calls[0])
         entries = arena.layout(first)
@@ -285,8 +285,9 @@ def replay_checks(children: list[Requester], feed: Feed, op: Op, workloads: list
         for child in children:
             child.request("prepare", f"preparing the checked calls of {workload.name}", slot=CHECK_SLOT,
                           layout=[entry.to_dict() for entry in entries], output_bytes=output_bound(first))
-        for call in calls:
-            feed.write(entries, made.of(call))
+        for index, call in enumerate(calls):
+            if index:  # the first call's inputs are in place since the prepare
+                feed.write(entries, made.of(call))
             for child in children:
                 child.request("run", f"running forward on {call.where}", slot=CHECK_SLOT)
     for child in children:

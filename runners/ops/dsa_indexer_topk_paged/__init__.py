@@ -73,6 +73,21 @@ def mixed_lengths(batch: int, longest: int, total: int, low: int, short: int,
     return [lengths[index] for index in order]
 
 
+def shuffled_block_table(owned: list[int], num_blocks: int, width: int,
+                         generator: torch.Generator) -> torch.Tensor:
+    """A block table [len(owned), width] (int64, on the CPU) in which sequence i owns
+    `owned[i]` blocks of the `num_blocks`, shuffled across the cache, no block owned
+    twice, and every entry past its own points at some other block, as unused entries
+    of a server's table may."""
+    order = torch.randperm(num_blocks, generator=generator)
+    table = order[torch.randint(num_blocks, (len(owned), width), generator=generator)]
+    start = 0
+    for row, count in enumerate(owned):
+        table[row, :count] = order[start:start + count]
+        start += count
+    return table
+
+
 class DsaIndexerTopkPaged(DsaIndexerTopk):
     name = "dsa_indexer_topk_paged"
     title = "DSA indexer top-k, paged decode"
@@ -148,15 +163,11 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
             typical = (p["tokens"] - p["context_length"]) // max(1, batch - 1)
             lengths = mixed_lengths(batch, p["context_length"], p["tokens"], p["min_length"],
                                     min(p["topk"], typical), layout)
-        order = torch.randperm(p["num_blocks"], generator=layout)
-        block_table = order[torch.randint(p["num_blocks"], (batch, p["max_blocks"]), generator=layout)]
+        block_table = shuffled_block_table([blocks_for(length) for length in lengths],
+                                           p["num_blocks"], p["max_blocks"], layout)
         owned = torch.zeros(p["num_blocks"], BLOCK_SIZE, dtype=torch.bool)
-        start = 0
         for row, length in enumerate(lengths):
-            used = blocks_for(length)
-            block_table[row, :used] = order[start:start + used]
-            start += used
-            owned.view(-1)[(block_table[row, :used, None] * BLOCK_SIZE
+            owned.view(-1)[(block_table[row, :blocks_for(length), None] * BLOCK_SIZE
                             + torch.arange(BLOCK_SIZE)).view(-1)[:length]] = True
         draw = lambda shape, dtype: sample(  # noqa: E731
             shape, generator=generator, distribution=distribution, dtype=dtype)
