@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 CHROMIUM = "/usr/bin/chromium"
+TEST_PROGRAMS = {CHROMIUM: "chromium", "/usr/bin/bwrap": "bubblewrap"}
 
 
 def run(*command: str, **kwargs) -> None:
@@ -43,15 +44,18 @@ def ensure_venv(extras: str = "") -> None:
     stamp.write_text(wanted)
 
 
-def ensure_chromium() -> None:
-    """Browser tests drive the system Chromium; never a browser a tool downloads."""
-    if Path(CHROMIUM).exists():
+def ensure_test_programs() -> None:
+    """The machine's programs the tests run for real: the system Chromium (browser tests;
+    never a browser a tool downloads) and bubblewrap (the agents' jail)."""
+    missing = {package: path for path, package in TEST_PROGRAMS.items() if not Path(path).exists()}
+    if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
+        sys.exit(f"{', '.join(missing.values())} missing: install Debian's "
+                 f"{' and '.join(missing)} (apt-get install {' '.join(missing)})")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run("apt-get", "update", "-qq", env=env)
-    run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium", env=env)
+    run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, env=env)
 
 
 def start(args: list[str]) -> None:
@@ -61,7 +65,7 @@ def start(args: list[str]) -> None:
 
 def test(args: list[str]) -> None:
     ensure_venv("dev")
-    ensure_chromium()
+    ensure_test_programs()
     os.execv(str(PYTHON), [str(PYTHON), "-m", "pytest", *args])
 
 

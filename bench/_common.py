@@ -13,6 +13,7 @@ settings read, so the functions below that use the ORM import the app when calle
 
 from __future__ import annotations
 
+import http.client
 import math
 import os
 import re
@@ -129,15 +130,17 @@ class Server:
 
 
 @contextmanager
-def daphne() -> Iterator[Server]:
+def daphne(*, capped: bool = True) -> Iterator[Server]:
     """config.asgi:application served by a Daphne process of its own on a free loopback
-    port, as in production. Stopped (SIGTERM, then SIGKILL) on exit."""
+    port, as in production (config.serve; `capped=False`: Daphne's own command, whose
+    requests read any body whole). Stopped (SIGTERM, then SIGKILL) on exit."""
     port = free_port()
     log_path = Path(os.environ["DATA_DIR"]) / "daphne.log"
+    server_command = ([sys.executable, "-m", "config.serve"] if capped
+                      else [str(Path(sys.executable).parent / "daphne")])
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-             "config.asgi:application"],
+            [*server_command, "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
             cwd=ROOT, env=os.environ, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             # Out of the terminal's process group, so Ctrl-C reaches the benchmark, which
             # stops it in order; it dies with the benchmark even on SIGKILL.
@@ -158,6 +161,24 @@ def daphne() -> Iterator[Server]:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+MIB = b"x" * (1 << 20)
+
+
+def post_mebibytes(url: str, megabytes: int, *, declared: bool) -> int:
+    """The status of a POST of `megabytes` MiB to the results import, with its
+    Content-Length or chunked: what a client that ignores the server's limit sends."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    headers = {"Content-Type": "application/x-ndjson"}
+    if declared:
+        headers["Content-Length"] = str(len(MIB) * megabytes)
+    connection.request("POST", "/api/theses/1/results", body=(MIB for _ in range(megabytes)),
+                       headers=headers, encode_chunked=not declared)
+    status = connection.getresponse().status
+    connection.close()
+    return status
 
 
 def _wait_until_serving(process: subprocess.Popen, url: str) -> None:

@@ -1,12 +1,14 @@
 """The harness's own cost around a call, per device: what the clock check's margin rests on.
 
     python3 bench/harness_overhead.py [--op rmsnorm] [--ctx 64,4096] [--device cpu] [--runs 5]
+                                      [--candidate FILE --dsl triton]
 
-Runs the baseline against itself (an A/A evaluation, every process honest) several
-times and prints, per workload and run, how much longer than their reported times the
-calls of the candidate's process and of the two baseline processes took on the judge's
-clock (the request, the wake-up, the reply, the stop), and the difference: how far
-apart two honest processes land. The clock check accepts a candidate whose calls take
+Runs the baseline against itself (an A/A evaluation, every process honest), or an
+honest kernel against the baseline, several times and prints, per workload and run, how
+much longer than their reported times the requests of the candidate's process and of the
+two baseline processes took on the judge's clock (the request, the wake-up, the reply,
+the stop; a request runs a batch of calls when they are short), and the difference: how
+far apart two honest processes land. The clock check accepts a candidate whose calls take
 up to a margin longer than the baselines' beyond the upper end of their CI
 (runners/harness/measure.py); the check's own figure is printed beside its margin,
 and in honest runs it must stay below.
@@ -31,12 +33,14 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--time-budget", type=float, default=0.5)
+    parser.add_argument("--candidate", default="baseline", help="an honest kernel file (default: A/A)")
+    parser.add_argument("--dsl", default="torch", choices=["torch", "triton", "cute"])
     args = parser.parse_args()
     contexts = [int(part) for part in args.ctx.split(",")]
     rows, clock_failures = [], 0
     for run in range(args.runs):
-        result = evaluate(args.op, "baseline", device=args.device, context_lengths=contexts,
-                          time_budget_s=args.time_budget)
+        result = evaluate(args.op, args.candidate, device=args.device, context_lengths=contexts,
+                          time_budget_s=args.time_budget, dsl=args.dsl)
         clock_failures += any(g.name == "clock" and g.status == "fail" for g in result.guards)
         for guard in result.guards:
             if guard.status == "fail":
@@ -44,20 +48,22 @@ def main() -> int:
         for workload in result.workloads:
             if workload.overhead_ms is None or workload.baseline_overhead_ms is None:
                 continue
-            rows.append((run + 1, workload.name, workload.samples, workload.overhead_ms,
+            rows.append((run + 1, workload.name, workload.samples, workload.calls_per_request,
+                         workload.overhead_ms,
                          workload.baseline_overhead_ms,
                          workload.overhead_ms - workload.baseline_overhead_ms,
                          workload.clock_excess_ms, workload.clock_margin_ms))
-    print(f"{args.op} on {args.device}, A/A, {args.runs} runs; margin the larger of "
+    what = "A/A" if args.candidate == "baseline" else f"{Path(args.candidate).name} against the baseline"
+    print(f"{args.op} on {args.device}, {what}, {args.runs} runs; margin the larger of "
           f"{EXCESS_MARGIN_MS[args.device]:g} ms and {EXCESS_FRACTION[args.device]:g} of the "
           "baselines' overhead")
-    print("run | workload | samples | candidate's process (ms) | baselines' (ms) | difference (ms) "
-          "| clock check's excess (ms) | its margin (ms)")
-    for run, name, samples, candidate, baseline, difference, excess, margin in rows:
-        print(f"{run} | {name} | {samples} | {candidate:.4f} | {baseline:.4f} | {difference:+.4f} "
+    print("run | workload | samples | calls a request | candidate's process (ms) | baselines' (ms) "
+          "| difference (ms) | clock check's excess (ms) | its margin (ms)")
+    for run, name, samples, batch, candidate, baseline, difference, excess, margin in rows:
+        print(f"{run} | {name} | {samples} | {batch} | {candidate:.4f} | {baseline:.4f} | {difference:+.4f} "
               f"| {excess:+.4f} | {margin:.4f}")
-    largest = max((abs(row[5]) for row in rows), default=float("nan"))
-    closest = max((row[6] - row[7] for row in rows), default=float("nan"))
+    largest = max((abs(row[6]) for row in rows), default=float("nan"))
+    closest = max((row[7] - row[8] for row in rows), default=float("nan"))
     print(f"largest difference: {largest:.4f} ms; closest to failing: excess {closest:+.4f} ms "
           f"from its margin; clock failures in A/A runs: {clock_failures}")
     return 0

@@ -27,10 +27,11 @@ from runners.ops import get_op  # noqa: E402
 
 
 def timed_kernel_ms(result: dict) -> float:
-    """Time spent inside timed calls, every side included (medians × samples)."""
+    """Time spent inside timed calls, every side included (medians × calls: a sample is
+    a request of `calls_per_request` calls)."""
     total = 0.0
     for workload in result["workloads"]:
-        samples = workload.get("samples") or 0
+        samples = (workload.get("samples") or 0) * (workload.get("calls_per_request") or 1)
         sides = [workload.get("baseline_ms"), workload.get("candidate_ms")]
         sides += [workload.get("aa_baseline_ms")] if workload.get("aa_baseline_ms") else []
         total += samples * sum(ms for ms in sides if ms)

@@ -1,5 +1,6 @@
-"""HTTP through Django, websockets through Channels: only for logged-in users and
-only from an allowed origin (the same hosts as ALLOWED_HOSTS)."""
+"""HTTP through Django, its bodies capped before they are read (config.request_limits);
+websockets through Channels: only for logged-in users and only from the socket's own
+origin, scheme, host and port (config.origins)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ django_http = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from config.origins import SameOriginValidator  # noqa: E402
+from config.request_limits import RequestBodyLimit  # noqa: E402
 from research.routing import websocket_urlpatterns  # noqa: E402
 from reviews.routing import websocket_urlpatterns as review_websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # One machine, one process: Daphne serves the static files too.
-        "http": ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http,
-        "websocket": AllowedHostsOriginValidator(
+        "http": RequestBodyLimit(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http,
+                                 settings.REQUEST_MAX_BYTES),
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns + review_websocket_urlpatterns))
         ),
     }

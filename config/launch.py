@@ -1,4 +1,5 @@
-"""Runs the whole app on one machine: Daphne, one Celery worker, and Redis if needed.
+"""Runs the whole app on one machine: Daphne, a Celery worker for evaluations and one for
+webhook deliveries, and Redis if needed.
 
     python -m config.launch [--host 127.0.0.1] [--port 8000]
 
@@ -10,13 +11,16 @@ can finish or hand back its task.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from config import launcher_state
 from config.embedded_redis import EmbeddedRedis, die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +50,29 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def _link_host(host: str) -> str:
+    """Where a link to the site can point: a wildcard address is where it listens, not that."""
+    try:
+        return "127.0.0.1" if ipaddress.ip_address(host).is_unspecified else host
+    except ValueError:
+        return host or "127.0.0.1"
+
+
+def _wait_for_port(host: str, port: int, children: list[subprocess.Popen], timeout_s: float = 120) -> bool:
+    """Until the server answers on host:port ("up" is said only then); False if a child
+    exited or it never did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(child.poll() is not None for child in children):
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
@@ -62,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("REDIS_URL"):
         redis_server = EmbeddedRedis(data_dir / "redis")
         os.environ["REDIS_URL"] = redis_server.start()
-        print(f"Embedded Redis on {os.environ['REDIS_URL']}", flush=True)
+        print(f"Embedded Redis on {redis_server.address} (its password: {redis_server.directory / 'redis.conf'})",
+              flush=True)
+    # Links in webhooks and API answers name the port this site really serves on.
+    os.environ.setdefault("SITE_URL", f"http://{_link_host(args.host)}:{args.port}")
+    launcher_state.write(data_dir, site_url=os.environ["SITE_URL"],
+                         redis_url=redis_server.url if redis_server else None)
 
     children: list[subprocess.Popen] = []
     stopping = False
@@ -82,9 +114,17 @@ def main(argv: list[str] | None = None) -> int:
             str(bin_dir / "celery"), "-A", "config", "worker", "-Q", args.queues,
             "--concurrency", "1", "--loglevel", "INFO", "--hostname", "runner@%h",
         ]))
+        # Webhook deliveries apart: a receiver that hangs never holds up an evaluation.
         children.append(_spawn([
-            str(bin_dir / "daphne"), "-b", args.host, "-p", str(args.port), "config.asgi:application",
+            str(bin_dir / "celery"), "-A", "config", "worker", "-Q", "webhooks",
+            "--concurrency", "2", "--loglevel", "INFO", "--hostname", "webhooks@%h",
         ]))
+        children.append(_spawn([  # Daphne, with request bodies capped as they arrive
+            sys.executable, "-m", "config.serve", "-b", args.host, "-p", str(args.port), "config.asgi:application",
+        ]))
+        if not _wait_for_port(args.host, args.port, children):
+            print("Daphne did not come up; stopping the rest.", file=sys.stderr, flush=True)
+            return 1
         print(f"\nKernel Lab is up: http://{args.host}:{args.port}/  (Ctrl-C stops it)\n", flush=True)
         while not stopping:
             if any(child.poll() is not None for child in children):
@@ -95,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for child in children:  # the worker first: it hands back what it holds
             _stop(child)
+        launcher_state.remove(data_dir)
         if redis_server:
             redis_server.stop()
         print("Stopped.", flush=True)

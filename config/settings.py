@@ -13,7 +13,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_list, env_str, env_toml_strings
+from config import launcher_state
+from config.env import env_bool, env_int, env_list, env_str, env_toml_strings, env_toml_table
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the app writes at run time (database, uploads, Redis files) lives here.
@@ -54,6 +55,8 @@ INSTALLED_APPS = [
     # django-ninja: the JSON API under /api/; listed so its docs page serves Swagger UI
     # from the package's static files, never a CDN.
     "ninja",
+    # Login throttling: failed logins counted per username and address (django-axes).
+    "axes",
     "research",
     "reviews",
     "webhooks",
@@ -63,6 +66,7 @@ MIDDLEWARE = [
     # First, so its Server-Timing header covers every other middleware and the view.
     "config.server_timing.server_timing",
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.content_security_policy",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -70,7 +74,22 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 response.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Every password login (the app's and the admin's) passes django-axes first: after
+# AXES_FAILURE_LIMIT wrong passwords for one username from one address, that pair is
+# refused for AXES_COOLOFF_TIME hours, the right password included. API tokens are not
+# passwords and have their own rate limit (RATE_LIMITS).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = 0.25  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner on stdout, where commands write their JSON
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
@@ -119,9 +138,11 @@ def _database() -> dict:
 DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The embedded Redis started by config.launch exports REDIS_URL to its children, so
+# The embedded Redis started by config.launch exports REDIS_URL to its children, and
+# tells commands run by hand beside it through DATA_DIR (config.launcher_state), so
 # every process of one installation agrees on the server.
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+_LAUNCHER = launcher_state.read(DATA_DIR)
+REDIS_URL = env_str("REDIS_URL") or _LAUNCHER.get("redis_url") or "redis://127.0.0.1:6379/0"
 CHANNEL_PREFIX = env_str("CHANNEL_PREFIX", "kl")
 
 # Shared by every web process when there is a Redis to share (the rate limits count
@@ -129,14 +150,20 @@ CHANNEL_PREFIX = env_str("CHANNEL_PREFIX", "kl")
 CACHES = {"default": {
     "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
     "KEY_PREFIX": CHANNEL_PREFIX,
-} if env_str("REDIS_URL") else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+} if env_str("REDIS_URL") or _LAUNCHER.get("redis_url") else {
+    "BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # Rate limits per user and action (config.ratelimit): "COUNT/PERIOD", PERIOD one of
 # s, m, h, d (optionally with a number, "100/10m"). Over the limit is a 429.
+# Endpoints one user may have: every event owes a delivery (and its retries) to each.
+WEBHOOK_ENDPOINTS_PER_USER = env_int("WEBHOOK_ENDPOINTS_PER_USER", 10)
+
 RATE_LIMITS = {
     "thesis-submit": env_str("RATE_LIMIT_THESIS_SUBMIT", "20/h"),
     "sweep-start": env_str("RATE_LIMIT_SWEEP_START", "30/h"),
     "candidate-decide": env_str("RATE_LIMIT_CANDIDATE_DECIDE", "60/h"),
+    # Each verification is a worker's evaluation.
+    "candidate-verify": env_str("RATE_LIMIT_CANDIDATE_VERIFY", "20/h"),
     "api-post": env_str("RATE_LIMIT_API_POST", "120/h"),
 }
 
@@ -167,6 +194,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
+# Webhook deliveries have a queue of their own, served by a worker of their own in the
+# quick start: a receiver that is slow or down (12 attempts each, a fan-out of many
+# endpoints) never waits behind evaluations, nor they behind it.
+WEBHOOKS_QUEUE = "webhooks"
+CELERY_TASK_ROUTES = {"webhooks.tasks.*": {"queue": WEBHOOKS_QUEUE}}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Longer than any evaluation may run, so Redis never redelivers a task still running.
 CANDIDATE_TIME_LIMIT_S = env_int("CANDIDATE_TIME_LIMIT_S", 900)
@@ -205,6 +237,9 @@ EVIDENCE_MAX_BYTES = env_int("EVIDENCE_MAX_BYTES", 25 * 1024 * 1024)
 # Results files from remote GPU hosts (POST /api/theses/ID/results, manage.py import_results).
 RESULTS_MAX_BYTES = env_int("RESULTS_MAX_BYTES", 64 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+# No request body is read past this (config.request_limits): the largest upload allowed,
+# with room for a multipart form's other fields.
+REQUEST_MAX_BYTES = max(EVIDENCE_MAX_BYTES, RESULTS_MAX_BYTES) + 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 
 # The kernel workspace: a git repository (bare: written only through git's plumbing)
@@ -218,11 +253,12 @@ HARNESS_TIME_BUDGET_S = float(env_str("HARNESS_TIME_BUDGET_S", "1.0"))
 # E2E_COMMANDS_FILE (README, "Your own end-to-end command"): every evaluation of the op
 # runs its command with the kept kernel and with the candidate.
 E2E_COMMANDS = env_toml_strings("E2E_COMMANDS_FILE")
-# Coding agents an agent sweep may run, name -> command line, from the TOML file named by
+# Coding agents an agent sweep may run, name -> command line (or a table that also says
+# what its jail lets it reach: research.agent_jail), from the TOML file named by
 # AGENT_COMMANDS_FILE: the sweep form offers these names only, never a free-text command.
-# Each proposal runs in a scratch clone of the kernel workspace, stopped after
+# Each proposal runs jailed in a scratch clone of the kernel workspace, stopped after
 # AGENT_TIME_LIMIT_S seconds (README, "An external coding agent").
-AGENT_COMMANDS = env_toml_strings("AGENT_COMMANDS_FILE")
+AGENT_COMMANDS = env_toml_table("AGENT_COMMANDS_FILE")
 AGENT_TIME_LIMIT_S = env_int("AGENT_TIME_LIMIT_S", 600)
 
 LOGGING = {
@@ -236,7 +272,7 @@ LOGGING = {
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 
 # Webhooks (PRODUCT §7). The public address of this installation, for links in payloads.
-SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+SITE_URL = env_str("SITE_URL") or _LAUNCHER.get("site_url") or "http://127.0.0.1:8000"
 WEBHOOKS_TIMEOUT_S = 15
 # A failed attempt is retried after about BASE·2^(n-1) seconds (jittered, at most CAP),
 # up to MAX_ATTEMPTS attempts in all: by default over about two hours. The cap stays

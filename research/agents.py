@@ -1,7 +1,7 @@
 """An agent sweep: an external coding agent proposes each candidate by editing the kernel.
 
 One proposal at a time: a private clone of the kernel workspace at the sweep's base
-(with the sweep's kernel in `kernels/<op>/kept.py`) gets the context file
+(with the sweep's kernel in `kernels/<op>/<hardware>/kept.py`) gets the context file
 (`research.agent_context`), the sweep's agent command runs in it under a time limit,
 and its diff against the base is checked before anything is evaluated. A change
 outside the thesis's allowed paths, a kernel that is not Python, is not written in the
@@ -11,7 +11,9 @@ refused with its reason; anything else becomes a candidate through
 proposal is asked for once the last one's result is in (`services.sweep_continue`).
 
 Only commands an administrator declared (`AGENT_COMMANDS`, a TOML file of
-name = "command line") can run: a sweep names one, never free text.
+name = "command line", or of tables that also say what the jail lets it reach) can run:
+a sweep names one, never free text. Every run is jailed (`research.agent_jail`), and
+its change is read with a git directory the agent never saw (`workspace.scratch_changes`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from research import services, workspace
+from research import agent_jail, services, workspace
 from research.agent_context import CONTEXT_FILE, agent_context
 from research.events import event_append
 from research.hardware import HARDWARE
@@ -51,14 +53,21 @@ STALE_MARGIN_S = 300
 MAX_KERNEL_BYTES = 1_000_000
 # What the agent printed, kept for a refusal that needs it (the last characters).
 LOG_TAIL_CHARS = 2000
-# Never handed to the agent: the app's own servers and secrets.
-_PRIVATE_ENV = {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}
-_PRIVATE_ENV_PREFIXES = ("DJANGO_", "CELERY_", "GIT_", "WEBHOOK")
+
+
+def agent_declarations() -> dict[str, agent_jail.Declaration]:
+    """Declared agents, by name (settings.AGENT_COMMANDS). Raises JailError for one
+    that is not a declaration."""
+    declared = getattr(settings, "AGENT_COMMANDS", {}) or {}
+    return {name: agent_jail.declaration(name, value) for name, value in declared.items()}
 
 
 def agent_commands() -> dict[str, str]:
-    """Declared agent commands, name -> command line (settings.AGENT_COMMANDS)."""
-    return dict(getattr(settings, "AGENT_COMMANDS", {}) or {})
+    """Declared agent commands, name -> command line."""
+    try:
+        return {name: declared.command for name, declared in agent_declarations().items()}
+    except agent_jail.JailError as error:
+        raise ValidationError({"agent_command": str(error)}) from error
 
 
 def agent_command_resolve(name_or_command: str) -> tuple[str, str]:
@@ -88,7 +97,7 @@ def agent_sweep_start(*, thesis: Thesis, started_by, kernel: str, budget: int, h
             raise ValueError("empty")
     except ValueError as error:
         raise ValidationError({"agent_command": f"the declared command cannot be split: {error}"}) from error
-    kept = workspace.kept_kernel(thesis.op)
+    kept = workspace.kept_kernel(thesis.op, hardware)
     with transaction.atomic():
         sweep = Sweep.objects.create(
             thesis=thesis, started_by=started_by, kernel=kernel, strategy=AGENT, budget=budget,
@@ -188,14 +197,12 @@ def _allowed(path: str, allowed: list[str]) -> bool:
 
 
 def _agent_env(*, checkout: Path, context_file: Path, kernel_file: str, sweep: Sweep, proposal_number: int) -> dict:
-    env = {key: value for key, value in os.environ.items()
-           if key not in _PRIVATE_ENV and not key.startswith(_PRIVATE_ENV_PREFIXES)}
-    env.update(
+    """What the agent is told, beside the jail's allow-list (`agent_jail.environment`)."""
+    return dict(
         KERNEL_LAB_CONTEXT=str(context_file), KERNEL_LAB_KERNEL=kernel_file, KERNEL_LAB_CHECKOUT=str(checkout),
         KERNEL_LAB_OP=sweep.thesis.op, KERNEL_LAB_DSL=sweep.thesis.required_dsl,
         KERNEL_LAB_SWEEP=str(sweep.pk), KERNEL_LAB_PROPOSAL=str(proposal_number),
     )
-    return env
 
 
 def _tail(log: Path) -> str:
@@ -204,11 +211,18 @@ def _tail(log: Path) -> str:
     return ("…" + text[-LOG_TAIL_CHARS:]) if len(text) > LOG_TAIL_CHARS else text
 
 
-def _run_command(argv: list[str], *, cwd: Path, env: dict, log: Path, time_limit_s: float) -> str:
-    """Run the agent in a process group of its own; '' when it exited 0, else why not."""
+def _run_command(argv: list[str], *, cwd: Path, declared: agent_jail.Declaration, env: dict, log: Path,
+                 time_limit_s: float) -> str:
+    """Run the agent in its jail, in a process group of its own; '' when it exited 0,
+    else why not."""
+    try:
+        jailed = agent_jail.command(argv, checkout=cwd, declared=declared,
+                                    env=agent_jail.environment(declared, env))
+    except agent_jail.JailError as error:
+        return f"the agent was not run: {error}"
     with open(log, "wb") as output:
         try:
-            process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output,
+            process = subprocess.Popen(jailed, cwd=cwd, env={}, stdin=subprocess.DEVNULL, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as error:
             return f"the agent command could not start: {error}"
@@ -226,6 +240,13 @@ def _run_command(argv: list[str], *, cwd: Path, env: dict, log: Path, time_limit
     return ""
 
 
+def _declared(command: str) -> agent_jail.Declaration:
+    """The declaration of the sweep's command line (a command no longer declared runs
+    with the defaults: no network, nothing more to read)."""
+    return next((declared for declared in agent_declarations().values() if declared.command == command),
+                agent_jail.Declaration(command=command))
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -236,7 +257,7 @@ def _kill_group(pid: int) -> None:
 def proposal_run(*, sweep: Sweep, proposal_number: int) -> Proposal:
     """Run the sweep's agent once in a scratch clone and judge its diff (no evaluation)."""
     thesis = sweep.thesis
-    kernel_file = workspace.kept_path(thesis.op)
+    kernel_file = workspace.kept_path(thesis.op, sweep.hardware)
     fork, kernel_source = services._sweep_fork(sweep)
     # Removed whatever happens, even if the agent left files it made read-only.
     with tempfile.TemporaryDirectory(prefix=f"kernel-lab-agent-{sweep.pk}-", ignore_cleanup_errors=True) as scratch:
@@ -244,19 +265,29 @@ def proposal_run(*, sweep: Sweep, proposal_number: int) -> Proposal:
         base = workspace.scratch_checkout(fork or sweep.base_commit, checkout, files={kernel_file: kernel_source})
         context_file = checkout / CONTEXT_FILE
         context_file.write_text(sweep.context, encoding="utf-8")
-        workspace.scratch_exclude(checkout, CONTEXT_FILE)
+        # The change is read with this copy of the clone's git directory, which the agent
+        # never sees: its own may hold config (core.fsmonitor, hooks) that git would run.
+        git_dir = workspace.scratch_git_dir(checkout, Path(scratch) / "git")
+        workspace.scratch_exclude(git_dir, CONTEXT_FILE)
+        try:
+            declared = _declared(sweep.agent_command)
+            agent_jail.prepare(checkout)
+        except agent_jail.JailError as error:
+            return Proposal(refusal=f"the agent was not run: {error}")
         failure = _run_command(
-            shlex.split(sweep.agent_command), cwd=checkout, log=Path(scratch) / "agent.log",
+            shlex.split(sweep.agent_command), cwd=checkout, log=Path(scratch) / "agent.log", declared=declared,
             env=_agent_env(checkout=checkout, context_file=context_file, kernel_file=kernel_file,
                            sweep=sweep, proposal_number=proposal_number),
             time_limit_s=float(settings.AGENT_TIME_LIMIT_S))
         if failure:
             return Proposal(refusal=failure)
-        files = workspace.scratch_changes(checkout, base)
+        files = workspace.scratch_changes(checkout, base, git_dir=git_dir)
         kernel_path = checkout / kernel_file
         # Read only a plain file of a kernel's size: a link could point anywhere on the worker.
         if kernel_path.is_symlink():
             return Proposal(files=files, refusal=f"{kernel_file} was replaced by a symbolic link")
+        if os.path.realpath(kernel_path) != os.path.join(os.path.realpath(checkout), kernel_file):
+            return Proposal(files=files, refusal=f"a folder above {kernel_file} was replaced by a symbolic link")
         if kernel_path.is_file() and kernel_path.stat().st_size > MAX_KERNEL_BYTES:
             return Proposal(files=files, refusal=f"{kernel_file} is larger than {MAX_KERNEL_BYTES} bytes")
         source = kernel_path.read_text(encoding="utf-8", errors="replace") if kernel_path.is_file() else ""
@@ -309,7 +340,7 @@ def _proposal_record(*, sweep_id: int, proposal: Proposal) -> None:
         fork, kernel_source = services._sweep_fork(sweep)
         services.candidates_add(sweep=sweep, kernel_source=kernel_source, fork=fork, points=[params],
                                 sources=[proposal.source], proposed_by=AGENT)
-        kernel_file = workspace.kept_path(sweep.thesis.op)
+        kernel_file = workspace.kept_path(sweep.thesis.op, sweep.hardware)
         event_append(sweep_id=sweep.pk, type=PROPOSED, payload={
             "number": number, "params": params,
             # Changes inside the allowed paths beside the kernel are not evaluated: the

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from ninja import File, Form, NinjaAPI, Schema, Status, UploadedFile
+from ninja.errors import HttpError
 from ninja.errors import ValidationError as RequestInvalid
 from ninja.security import HttpBearer
 from pydantic import Field
@@ -32,11 +33,18 @@ from runners import ops
 
 
 class TokenAuth(HttpBearer):
+    """A person's token. A GPU host's token (ApiToken.host) is refused: it may only import."""
+
+    accepts_host_tokens = False
+
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         row = api_token_authenticate(token)
         if row is None:
             return None
+        if row.host and not self.accepts_host_tokens:
+            raise HttpError(403, f"{row} is the token of GPU host {row.host!r}: it can only import results")
         request.user = row.user
+        request.api_token = row
         if request.method == "POST":
             # Every write counts, malformed ones too, before its body is even parsed.
             rate_limit_hit(user=row.user, action="api-post")
@@ -54,6 +62,15 @@ api = NinjaAPI(
     urls_namespace="api",
     auth=TokenAuth(),
 )
+
+
+class ImportAuth(TokenAuth):
+    """The import's: a person's token, or a GPU host's."""
+
+    accepts_host_tokens = True
+
+
+IMPORT_PERMISSION = "research.import_results"
 
 
 @api.exception_handler(RateLimited)
@@ -74,7 +91,7 @@ class Duplicate(Error):
 
 # Every endpoint answers these, so the schema says so: a missing, unknown or revoked
 # token (401), a request that does not fit the schema (422), an id that names nothing (404).
-UNAUTHORIZED = {401: Error, 422: Error}
+UNAUTHORIZED = {401: Error, 403: Error, 422: Error}
 NOT_FOUND = {404: Error}
 
 
@@ -205,7 +222,8 @@ def _sweep_summary(sweep: Sweep) -> dict[str, Any]:
 
 
 def _thesis_out(thesis: Thesis) -> dict[str, Any]:
-    kept = workspace.kept_kernel(thesis.op)
+    # The kernel its hardware class keeps: what a GPU host of that class times against.
+    kept = workspace.kept_kernel(thesis.op, thesis.hardware)
     evidence = thesis.evidence
     return {
         "id": thesis.pk, "url": _url(thesis.get_absolute_url()), "author": thesis.author.get_username(),
@@ -264,11 +282,20 @@ def thesis_get(request: HttpRequest, thesis_id: int) -> dict[str, Any]:
         "type": "string",
         "description": "the file `python -m runners.harness sweep ... --out FILE` wrote, as is",
     }}}}},
+    auth=ImportAuth(),
 )
 def results_create(request: HttpRequest, thesis_id: int,
                    hardware: str | None = None) -> Status:
     """The request body is the results file. It becomes a finished sweep of the thesis, started
-    by the token's user; the same file twice is refused (409, naming the sweep)."""
+    by the token's user; the same file twice is refused (409, naming the sweep). It needs a GPU
+    host's token (`manage.py create_api_token USERNAME NAME --host HOST`), whose host is named on
+    every result, or a user with the permission to import (403 otherwise). Imported results
+    are badged as such, and a win is kept only once a worker of the lab has verified it."""
+    token = request.api_token
+    if not token.host and not request.user.has_perm(IMPORT_PERMISSION):
+        return Status(403, {"detail": (
+            f"{request.user.get_username()} may not import results: that needs a GPU host's token "
+            f"or the permission {IMPORT_PERMISSION}")})
     thesis = get_object_or_404(Thesis, pk=thesis_id)
     limit = settings.RESULTS_MAX_BYTES
     try:
@@ -281,7 +308,7 @@ def results_create(request: HttpRequest, thesis_id: int,
     data = request.read(limit + 1)
     if len(data) > limit:
         return Status(413, {"detail": f"the file is over {limit:,} bytes"})
-    sweep = results_import(thesis=thesis, imported_by=request.user, data=data, hardware=hardware)
+    sweep = results_import(thesis=thesis, imported_by=request.user, data=data, hardware=hardware, token=token)
     return Status(201, _sweep_out(sweep))
 
 

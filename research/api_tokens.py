@@ -7,6 +7,7 @@ the token has enough entropy (256 bits) that a fast hash is the right one.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -23,15 +24,24 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def api_token_create(*, user, name: str) -> tuple[ApiToken, str]:
-    """A new token for `user`; returns the row and the token, which is never stored."""
+# A host's name as results show it: a hostname's characters, nothing a page could render.
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def api_token_create(*, user, name: str, host: str = "") -> tuple[ApiToken, str]:
+    """A new token for `user`; returns the row and the token, which is never stored.
+
+    With `host`, a GPU host's token: it can only import results, each named as that host's."""
     name = name.strip()
     if not name:
         raise ValidationError({"name": "name the token (the host or script that will use it)"})
     if len(name) > ApiToken._meta.get_field("name").max_length:
         raise ValidationError({"name": "at most 100 characters"})
+    if host and not HOST_NAME.fullmatch(host):
+        raise ValidationError({"host": "a host name: letters, digits, '.', '_' and '-', at most 100"})
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(user=user, name=name, prefix=token[:SHOWN_CHARS], key_hash=_hash(token))
+    row = ApiToken.objects.create(user=user, name=name, host=host, prefix=token[:SHOWN_CHARS],
+                                  key_hash=_hash(token))
     return row, token
 
 

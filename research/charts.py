@@ -6,11 +6,20 @@ here is the order the live script relies on: one trace per workload.
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 Figure = dict[str, Any]
 
-_LAYOUT = {
+
+def plotly_text(text: object) -> str:
+    """Text Plotly shows as written: it renders a subset of HTML in labels, names and
+    hover text (links, styles, line breaks), so anything a user or an upload wrote has
+    its markup escaped, which Plotly then displays as the characters themselves."""
+    return html.escape(str(text), quote=False)
+
+
+LAYOUT = {
     "margin": {"l": 60, "r": 20, "t": 30, "b": 50},
     "height": 340,
     "font": {"family": "system-ui, sans-serif", "size": 12},
@@ -28,17 +37,17 @@ def evidence_kernel_time_figure(summary: dict) -> Figure:
                 "type": "bar",
                 "orientation": "h",
                 "x": [k["total_ms"] for k in kernels],
-                "y": [_short(k["name"]) for k in kernels],
-                "customdata": [[k["calls"], round(100 * k["share"], 1), k["name"]] for k in kernels],
+                "y": [plotly_text(_short(k["name"])) for k in kernels],
+                "customdata": [[k["calls"], round(100 * k["share"], 1), plotly_text(k["name"])] for k in kernels],
                 "hovertemplate": "%{customdata[2]}<br>%{x:.3f} ms in %{customdata[0]} calls"
                 " (%{customdata[1]}%)<extra></extra>",
                 "marker": {"color": "#4c78a8"},
             }
         ],
         "layout": {
-            **_LAYOUT,
+            **LAYOUT,
             "height": max(220, 28 * len(kernels) + 80),
-            "margin": {**_LAYOUT["margin"], "l": 260},
+            "margin": {**LAYOUT["margin"], "l": 260},
             "xaxis": {"title": {"text": "GPU time (ms)"}},
         },
     }
@@ -50,7 +59,7 @@ def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int,
     `points` are (candidate number, workload position, speedup), in candidate order.
     """
     traces = [
-        {"type": "scatter", "mode": "lines+markers", "name": name, "x": [], "y": []}
+        {"type": "scatter", "mode": "lines+markers", "name": plotly_text(name), "x": [], "y": []}
         for name in workload_names
     ]
     for number, position, speedup in points:
@@ -60,7 +69,7 @@ def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int,
     return {
         "data": traces,
         "layout": {
-            **_LAYOUT,
+            **LAYOUT,
             "xaxis": {"title": {"text": "candidate"}, "tickformat": "d"},
             "yaxis": {"title": {"text": "speedup over baseline (×)"}},
             "shapes": [

@@ -32,8 +32,8 @@ def evaluate_source(
     baseline_kernel: str = "",
 ) -> dict:
     """`baseline_source`: the kernel to time against (the workspace's kept kernel when the
-    sweep started); empty for the op's shipped baseline. `baseline_kernel` names it: the
-    harness reads a kernel's DSL from its file name (`rows_triton`). The op's end-to-end
+    sweep started); empty for the op's shipped baseline. `baseline_kernel` names its file;
+    the harness reads its DSL from its source, never from that name. The op's end-to-end
     command, when settings.E2E_COMMANDS declares one, runs with both kernels."""
     with tempfile.TemporaryDirectory(prefix="candidate-") as scratch:
         path = Path(scratch) / "candidate.py"

@@ -28,6 +28,19 @@ MAX_EVIDENCE_BYTES = 25 * 1024 * 1024
 # A gzip trace may expand to this many times the upload limit: real traces compress
 # about 10x, and the cap keeps a gzip bomb from exhausting memory.
 MAX_GZIP_EXPANSION = 8
+# Whatever the upload's size, the text parsed is at most this long: a trace is parsed
+# whole, and Python holds several times its text's size in objects.
+MAX_TEXT_BYTES = 64 * 1024 * 1024
+# JSON amplifies: `{},` is 3 bytes of text and about 70 bytes of dict, so a 386 KB gzip
+# upload once grew the server by 3.8 GB. The count of what opens a value or separates one
+# ({ [ , :) bounds the objects json.loads could make; it is taken before parsing. Real
+# torch traces run about 11 bytes per such character: this admits traces of ~30 MB.
+MAX_JSON_TOKENS = 2_500_000
+# CSV amplifies too (`a,` is 2 bytes of text and ~100 of row dict entry). A real ncu
+# details export of 1,000 kernels with the default sections holds about 1.5 million.
+MAX_CSV_CELLS = 2_500_000
+# Every character str.splitlines() ends a line at: each makes a line, whatever is counted.
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 MAX_TOP_KERNELS = 20
 
 # Launch overhead: many launches that are each too short to amortise their launch cost,
@@ -87,7 +100,7 @@ def parse_evidence(
 ) -> EvidenceSummary:
     """Summarise a profile export. ``filename`` only sharpens error messages."""
     check_evidence_size(len(data), max_bytes=max_bytes)
-    text = _decode(_gunzip(data, max_bytes * MAX_GZIP_EXPANSION), filename)
+    text = _decode(_gunzip(data, min(max_bytes * MAX_GZIP_EXPANSION, MAX_TEXT_BYTES)), filename)
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         profile = _parse_torch_trace(stripped)
@@ -213,8 +226,17 @@ def _parse_torch_trace(text: str) -> _Profile:
 
 
 def _load_json(text: str) -> object:
+    tokens = sum(text.count(character) for character in "{[,:")
+    if tokens > MAX_JSON_TOKENS:
+        raise EvidenceError(
+            f"trace holds {tokens:,} JSON values and separators; at most {MAX_JSON_TOKENS:,} are parsed: "
+            "profile fewer steps (torch.profiler's schedule) or upload `nsys stats` CSV")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise EvidenceError(
+            "not a PyTorch profiler trace: lists and objects nest deeper than a trace's few levels"
+        ) from None
     except json.JSONDecodeError as exc:
         body = text.rstrip()
         if exc.pos >= len(body) or exc.msg.startswith("Unterminated string"):
@@ -334,6 +356,12 @@ SIGNATURE_COLUMNS = {column for fmt in CSV_FORMATS for column in fmt.columns} - 
 
 
 def _parse_csv(text: str) -> _Profile:
+    # Each cell becomes a string in a row's dict, ~100 bytes for a 2-byte cell: a bound
+    # on the cells (separators plus lines) is a bound on memory, taken before splitting.
+    cells = text.count(",") + sum(text.count(mark) for mark in LINE_BREAKS)
+    if cells > MAX_CSV_CELLS:
+        raise EvidenceError(f"the table holds {cells:,} cells; at most {MAX_CSV_CELLS:,} are read: export "
+                            "fewer kernels or sections (ncu --kernel-name, --section) or the nsys summary")
     lines = text.splitlines()
     near_miss: str | None = None
     # Both tools may print their own lines (==PROF==, "Processing [...]"), and ncu the

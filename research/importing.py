@@ -11,7 +11,7 @@ same webhooks fire. The whole file is checked first and written in one transacti
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+import json
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -20,21 +20,37 @@ from django.db import transaction
 from research import services, workspace
 from research.events import event_append
 from research.hardware import HARDWARE
-from research.models import Sweep, Thesis
+from research.models import ApiToken, Sweep, Thesis
+from research.provenance import import_provenance
 from runners import ops, space
 from runners.harness import results_file
-from runners.harness.dsl import kernel_dsl
+from runners.harness.source_checks import first_failure, source_checks
 
-# Sweep.context of an imported sweep starts with this and the file's hash: importing
-# the same file again is refused by looking it up.
+# Sweep.context of an imported sweep starts with this and the hash of what the file
+# says (content_digest): importing the same results again is refused by looking it up.
 CONTEXT_PREFIX = "Imported results file sha256:"
+# Header fields that name a run, not what it measured: the same results under another
+# name are the same results.
+_NAMING_FIELDS = ("run", "started_at")
+
+
+def content_digest(parsed: results_file.ResultsFile) -> str:
+    """A hash of what a results file says: its header less the fields that only name the
+    run, and every candidate line, in a canonical JSON form (key order, spacing and line
+    ends do not count). A file re-imported under a new run id, or re-serialised, has the
+    same digest."""
+    header = {key: value for key, value in parsed.header.items() if key not in _NAMING_FIELDS}
+    lines = [{"params": line.params, "source": line.source, "result": line.result} for line in parsed.candidates]
+    canonical = json.dumps([header, lines], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class AlreadyImported(ValidationError):
-    """This very file was imported before, as `sweep_id`."""
+    """These results (content_digest) were imported before, as `sweep_id`."""
 
     def __init__(self, sweep_id: int) -> None:
-        super().__init__({"results": f"this results file was already imported as sweep {sweep_id}"})
+        super().__init__({"results": f"these results were already imported as sweep {sweep_id} "
+                                     "(the same measurements, whatever the run is called)"})
         self.sweep_id = sweep_id
 
 
@@ -56,14 +72,14 @@ def _hardware_for(header: dict, thesis: Thesis, hardware: str | None) -> str:
     return hardware
 
 
-def _check_against_thesis(parsed: results_file.ResultsFile, thesis: Thesis) -> None:
+def _check_against_thesis(parsed: results_file.ResultsFile, thesis: Thesis, hardware: str) -> None:
     header = parsed.header
+    kept_source = workspace.kept_kernel(thesis.op, hardware).source
     if header["op"] != thesis.op:
         raise _refuse(f"line 1: the results are for op {header['op']!r}; thesis #{thesis.pk} is about {thesis.op!r}")
-    written_in = kernel_dsl(Path(header["kernel"]))
-    if written_in != thesis.required_dsl or header["dsl"] != thesis.required_dsl:
-        raise _refuse(f"line 1: kernel {header['kernel']!r} is written in {written_in} and was evaluated as "
-                      f"{header['dsl']}; thesis #{thesis.pk} requires {thesis.required_dsl}")
+    if header["dsl"] != thesis.required_dsl:
+        raise _refuse(f"line 1: kernel {header['kernel']!r} was evaluated as {header['dsl']}; "
+                      f"thesis #{thesis.pk} requires {thesis.required_dsl}")
     target = ops.get_op(thesis.op)
     device = header["device"]
     try:
@@ -93,6 +109,12 @@ def _check_against_thesis(parsed: results_file.ResultsFile, thesis: Thesis) -> N
         if materialised != candidate.source:
             raise _refuse(f"line {line}: candidate {candidate.number}'s source is not the kernel with "
                           "PARAMS set to its params")
+        # What the file says its checks found counts for nothing: the lab runs them again,
+        # protected-settings against the kernel kept on main now, as a new sweep's would be.
+        failed = first_failure(source_checks(candidate.source, thesis.required_dsl, kept_source))
+        if failed is not None:
+            raise _refuse(f"line {line}: candidate {candidate.number} fails the {failed.name} check a "
+                          f"worker runs: {failed.detail}")
     if len(parsed.candidates) > services.MAX_SWEEP_BUDGET:
         raise _refuse(f"{len(parsed.candidates)} candidates; a sweep has at most {services.MAX_SWEEP_BUDGET}")
 
@@ -106,8 +128,10 @@ def _context(sha256: str, header: dict) -> str:
             f"({header['device']}), harness {built or 'unknown'}, torch {harness.get('torch') or 'unknown'}")
 
 
-def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | None = None) -> Sweep:
-    """Import a results file as a finished IMPORTED sweep of `thesis`, started by `imported_by`.
+def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | None = None,
+                   token: ApiToken | None = None) -> Sweep:
+    """Import a results file as a finished IMPORTED sweep of `thesis`, started by `imported_by`
+    (through `token`, for the API; research.provenance names both on every result).
 
     Raises ValidationError (naming the line) for a file that cannot be imported, and
     AlreadyImported for one imported before; either way nothing is written.
@@ -118,11 +142,11 @@ def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | 
         parsed = results_file.read(data)
     except results_file.ResultsFileError as error:
         raise _refuse(str(error)) from error
-    _check_against_thesis(parsed, thesis)
     header = parsed.header
     hardware = _hardware_for(header, thesis, hardware)
-    sha256 = hashlib.sha256(data).hexdigest()
-    kept_file = workspace.kept_path(thesis.op)
+    _check_against_thesis(parsed, thesis, hardware)
+    sha256 = content_digest(parsed)
+    kept_file = workspace.kept_path(thesis.op, hardware)
 
     # As in sweep_start: the workspace lock, then the transaction, refs published last.
     # The lock also serialises imports, so the duplicate check cannot race.
@@ -134,8 +158,9 @@ def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | 
         base = workspace.main_commit_with(kept_file, header["baseline_source"])
         if base is None:
             raise _refuse(f"line 1: the results were timed against a {thesis.op} kernel "
-                          f"({header['baseline_kernel']!r}) that was never the kept kernel on main: run the "
-                          "sweep with --baseline set to the kept kernel (GET /api/theses/ID shows it)")
+                          f"({header['baseline_kernel']!r}) that was never the kept kernel of {hardware} on "
+                          "main: run the sweep with --baseline set to the kept kernel (GET /api/theses/ID "
+                          "shows it)")
         sweep = Sweep.objects.create(
             thesis=thesis,
             started_by=imported_by,
@@ -157,6 +182,7 @@ def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | 
             sweep=sweep, kernel_source=header["kernel_source"], fork=None,
             points=[line.params for line in parsed.candidates],
             sources=[line.source for line in parsed.candidates], proposed_by=header["strategy"],
-            results=[line.result for line in parsed.candidates])
+            results=[line.result for line in parsed.candidates],
+            provenance=import_provenance(imported_by=imported_by, token=token, header=header))
     sweep.refresh_from_db()
     return sweep

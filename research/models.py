@@ -65,6 +65,8 @@ class Sweep(models.Model):
         TPE = "tpe", "Model-based (TPE)"
         AGENT = "agent", "Coding agent"
         IMPORTED = "imported", "Imported from a remote host"
+        # One candidate evaluated again on a trusted worker: an imported result's check.
+        VERIFY = "verify", "Verification of an imported result"
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -104,11 +106,15 @@ class Sweep(models.Model):
     baseline_source = models.TextField(blank=True)
     # The kept kernel's name ("baseline", "rows_triton", …): its suffix names its DSL.
     baseline_kernel = models.CharField(max_length=100, blank=True)
+    # A VERIFY sweep: the imported candidate it evaluates again.
+    verifies = models.ForeignKey("Candidate", null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="verifications")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("import_results", "Can import results measured outside the lab's workers")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(done__lte=models.F("total")), name="sweep_done_within_total"
@@ -154,6 +160,9 @@ class Candidate(models.Model):
     best_speedup = models.FloatField(null=True)
     error = models.TextField(blank=True)
     result = models.JSONField(null=True)
+    # Where the result was measured, as the lab knows it (never as the result says):
+    # research.provenance.
+    provenance = models.JSONField(default=dict)
     attempts = models.PositiveIntegerField(default=0)
     # The token of the one queue message that may claim it, and when that message was
     # sent (or the candidate planned): a message that was replaced because it was lost
@@ -255,6 +264,9 @@ class ApiToken(models.Model):
     # The first characters of the token, so a person can tell their tokens apart.
     prefix = models.CharField(max_length=12)
     key_hash = models.CharField(max_length=64, unique=True)
+    # A GPU host's token: it can only import results, and every result it imports names
+    # this host. Blank: a person's token.
+    host = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -26,6 +26,7 @@ from research.evidence import EvidenceError, parse_evidence
 from research.hardware import HARDWARE, KERNEL_DSLS, MODEL_CONTEXTS
 from research import proposers, workspace
 from research.models import Candidate, Evidence, GuardFinding, Measurement, Sweep, Thesis
+from research.provenance import worker_provenance
 from reviews.live import publish_queue_changed
 from runners import ops, space
 from webhooks import payloads as webhook_payloads
@@ -195,7 +196,7 @@ def sweep_start(
     total = min(budget, proposers.space_size(parameter_space))
     points = proposers.propose(strategy, parameter_space, history=[], seed=seed,
                                count=min(total, proposers.batch_size(strategy, budget)))
-    kept = workspace.kept_kernel(target.name)
+    kept = workspace.kept_kernel(target.name, hardware)
 
     # The workspace lock comes first, then the transaction: the branches are published
     # as its last step, so a failure anywhere leaves neither rows nor branches.
@@ -227,7 +228,7 @@ def sweep_start(
 
 def candidates_add(*, sweep: Sweep, kernel_source: str, fork: str | None, points: list[dict],
                     sources: list[str] | None = None, proposed_by: str | None = None,
-                    results: list[dict] | None = None) -> None:
+                    results: list[dict] | None = None, provenance: dict | None = None) -> None:
     """Commit and store a candidate per point: the one way candidates join a sweep.
 
     They are queued for evaluation, or, when `results` come with them (a remote host's
@@ -251,7 +252,7 @@ def candidates_add(*, sweep: Sweep, kernel_source: str, fork: str | None, points
     else:
         for candidate, result in zip(candidates, results, strict=True):
             candidate_claim(candidate_id=candidate.pk)
-            candidate_record_result(candidate_id=candidate.pk, result=result)
+            candidate_record_result(candidate_id=candidate.pk, result=result, provenance=provenance)
     # A reused id (SQLite after a rollback) may have left a branch: overwrite it.
     workspace.publish([workspace.RefUpdate(c.branch, c.commit, check=False) for c in candidates])
 
@@ -368,7 +369,7 @@ def _sweep_fork(sweep: Sweep) -> tuple[str | None, str]:
     first = sweep.candidates.filter(revision=1).exclude(commit="").order_by("number").first()
     if first is not None:
         fork = workspace.commit_info(first.commit)["parents"][0]
-        source = workspace.read_file(fork, workspace.kept_path(sweep.thesis.op))
+        source = workspace.read_file(fork, workspace.kept_path(sweep.thesis.op, sweep.hardware))
         if source is not None:
             return fork, source
     return None, ops.get_op(sweep.thesis.op).kernels()[sweep.kernel].read_text()
@@ -398,7 +399,7 @@ def _candidate_commits(*, sweep: Sweep, kernel_source: str, fork: str | None, po
     """
     thesis = sweep.thesis
     producer = workspace.identity_of(sweep.started_by)
-    kept_file = workspace.kept_path(thesis.op)
+    kept_file = workspace.kept_path(thesis.op, sweep.hardware)
     about = f"Thesis #{thesis.pk}: {thesis.title}\nSweep {sweep.pk} ({sweep.strategy}) started by {producer.name}"
     commits: list[workspace.NewCommit] = []
     parent = fork or sweep.base_commit
@@ -487,9 +488,14 @@ def candidate_fail_if_out_of_attempts(candidate_id: int, dispatch: str | None) -
         pk=candidate_id, status=Candidate.Status.RUNNING, attempts__gte=MAX_ATTEMPTS)
     if dispatch is not None:
         running_out = running_out.filter(dispatch=dispatch)
-    return running_out.exists() and candidate_record_result(
+    if not running_out.exists():
+        return False
+    queue = Candidate.objects.filter(pk=candidate_id).values_list("sweep__queue", flat=True).first()
+    return candidate_record_result(
         candidate_id=candidate_id,
         result=harness_failure(f"the evaluation ended its worker {MAX_ATTEMPTS} times"),
+        # The worker was lost, not the kernel judged: a verification counts it for no side.
+        provenance={**worker_provenance(queue=queue or ""), "lost_worker": True},
     )
 
 
@@ -514,8 +520,10 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in positive) / len(positive))
 
 
-def candidate_record_result(*, candidate_id: int, result: dict) -> bool:
-    """Store one evaluation, once. Returns False when it was already recorded."""
+def candidate_record_result(*, candidate_id: int, result: dict, provenance: dict | None = None) -> bool:
+    """Store one evaluation, once. Returns False when it was already recorded.
+
+    `provenance` says who measured it (research.provenance), as the caller knows it."""
     workloads = result.get("workloads") or []
     speedups = [w["speedup"] for w in workloads if w.get("speedup")]
     with transaction.atomic():
@@ -528,6 +536,7 @@ def candidate_record_result(*, candidate_id: int, result: dict) -> bool:
             best_speedup=max(speedups) if speedups else None,
             error=result.get("error") or "",
             result=result,
+            provenance=provenance or {},
             finished_at=timezone.now(),
         )
         if not recorded:
@@ -614,6 +623,10 @@ def candidate_revise(*, candidate: Candidate, source: str, revised_by, message: 
         sweep = candidate.sweep
         if revised_by.pk not in {sweep.started_by_id, sweep.thesis.author_id}:
             raise PermissionDenied("only the sweep's starter or the thesis author may revise its candidates")
+        if sweep.strategy in (Sweep.Strategy.IMPORTED, Sweep.Strategy.VERIFY):
+            # An import is what its file measured, a verification what a worker measured of
+            # it: a new revision of either would be another roll of the dice.
+            raise ValidationError({"source": f"a candidate of an {sweep.strategy} sweep is never revised"})
         if not candidate.commit:
             raise ValidationError({"source": "this candidate has no commit in the kernel workspace"})
         if source == candidate.source:
@@ -627,7 +640,8 @@ def candidate_revise(*, candidate: Candidate, source: str, revised_by, message: 
         revision = candidate.revision + 1
         subject = message.strip().splitlines()[0] if message.strip() else "amended"
         (commit,) = workspace.build([workspace.NewCommit(
-            parents=[candidate.commit], files={workspace.kept_path(sweep.thesis.op): source},
+            parents=[candidate.commit],
+            files={workspace.kept_path(sweep.thesis.op, sweep.hardware): source},
             author=workspace.identity_of(revised_by),
             message=f"Candidate {candidate.label} revision {revision}: {subject}\n\n{message.strip()}")])
         candidate.measurements.all().delete()

@@ -27,10 +27,12 @@ CANCELLABLE = (Sweep.Status.QUEUED, Sweep.Status.RUNNING, Sweep.Status.PAUSED)
 
 
 def sweep_can_control(*, sweep: Sweep, user) -> bool:
-    """The sweep's starter, the thesis author and staff may pause, resume or cancel it."""
-    return bool(user.is_authenticated and (
-        user.is_staff or user.pk in {sweep.started_by_id, sweep.thesis.author_id}
-    ))
+    """The sweep's starter, the thesis author and staff may pause, resume or cancel it; a
+    verification of an import only its requester and staff (an author who could pause or
+    cancel it could keep a worker's refutation from ever landing)."""
+    controllers = {sweep.started_by_id} if sweep.strategy == Sweep.Strategy.VERIFY else {
+        sweep.started_by_id, sweep.thesis.author_id}
+    return bool(user.is_authenticated and (user.is_staff or user.pk in controllers))
 
 
 def sweep_actions(*, sweep: Sweep, user) -> list[str]:

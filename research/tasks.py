@@ -18,6 +18,7 @@ from django.db import close_old_connections, connections
 from research import agents, recovery, services
 from research.evaluation import evaluate_source
 from research.hardware import HARDWARE
+from research.provenance import worker_provenance
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ def evaluate_candidate(candidate_id: int, dispatch: str) -> None:
         baseline_source=sweep.baseline_source,
         baseline_kernel=sweep.baseline_kernel,
     )
-    services.candidate_record_result(candidate_id=candidate_id, result=result)
+    services.candidate_record_result(candidate_id=candidate_id, result=result,
+                                     provenance=worker_provenance(queue=sweep.queue))
 
 
 @shared_task(bind=True)

@@ -11,9 +11,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from config.ratelimit import rate_limited
-from research import agent_context, charts, selectors, services, sweep_control
+from research import agent_context, charts, selectors, services, sweep_control, workers
 from research.forms import SweepForm, ThesisForm
 from research.markdown import render_markdown
+from research.models import Candidate, Sweep
 from reviews import charts as review_charts
 from reviews import selectors as review_selectors
 
@@ -116,6 +117,7 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
     workloads = selectors.sweep_workload_names(sweep)
     return render(request, "research/sweep_detail.html", {
         "sweep": sweep,
+        "unserved": _unserved_queue(sweep),
         "last_seq": last_seq,
         "actions": sweep_control.sweep_actions(sweep=sweep, user=request.user),
         "results": results,
@@ -128,6 +130,19 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
         # nothing in them may carry script.
         "context_html": render_markdown(sweep.context) if sweep.context else "",
     })
+
+
+def _unserved_queue(sweep: Sweep) -> str | None:
+    """The command that would serve the sweep's queue, when candidates wait on it and no
+    live worker consumes it; None otherwise (or when the workers cannot be asked)."""
+    waiting = sweep.candidates.filter(status=Candidate.Status.QUEUED).exists()
+    running = sweep.candidates.filter(status=Candidate.Status.RUNNING).exists()
+    if sweep.status not in (Sweep.Status.QUEUED, Sweep.Status.RUNNING) or not waiting or running:
+        return None
+    queues = workers.live_queues()
+    if queues is None or sweep.queue in queues:
+        return None
+    return workers.start_command(sweep.queue)
 
 
 _SWEEP_CONTROLS = {

@@ -5,11 +5,11 @@ checkout of it; `git clone` it to look around) and laid out as:
 
     main                                  the kept kernels; every change is the seed or a keep
       README.md                           what is here
-      dispatch.json                       per op, its kept kernels newest first, with the
-                                          size range each one serves
-      kernels/<op>/kept.py                the op's current kept kernel
+      dispatch.json                       per op and hardware class, its kept kernels newest
+                                          first, with the size range each one serves
+      kernels/<op>/<hardware>/kept.py     the op's current kept kernel on that hardware class
     candidate/<sweep>-<number>            one candidate: commits that replace
-                                          kernels/<op>/kept.py, forked from main's head when
+                                          kernels/<op>/<hardware>/kept.py, forked from main's head when
                                           its sweep started, so `git diff main...<branch>` is
                                           exactly its change against the kept kernel
     archive/<sweep>-<number>-r<revision>  a reverted revision: its branch renamed, so the
@@ -31,6 +31,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from research.hardware import HARDWARE
 from runners import ops
 
 MAIN = "main"
@@ -54,12 +56,14 @@ README = """\
 
 Kept kernels of Kernel Lab. Written only by the app; clone it to read it.
 
-- `kernels/<op>/kept.py`: the op's current kept kernel. The harness times every new
-  candidate against this file as it was on `main` when the candidate's sweep started.
-- `dispatch.json`: per op, the kept kernels newest first. Each entry names the commit
-  whose `kernels/<op>/kept.py` is that kernel and the size range (`axis`, `min`, `max`,
-  inclusive; null for every size) it was kept for. For a size, the first entry whose
-  range holds it serves; the last entry, the shipped baseline, holds every size.
+- `kernels/<op>/<hardware>/kept.py`: the op's current kept kernel on a hardware class
+  (`cpu`, `h100`, `h200`, `b200`): a win on one class never becomes another's kernel. The
+  harness times every new candidate against its class's file as it was on `main` when the
+  candidate's sweep started.
+- `dispatch.json`: per op and hardware class, the kept kernels newest first. Each entry
+  names the commit whose kept file is that kernel and the size range (`axis`, `min`,
+  `max`, inclusive; null for every size) it was kept for. For a size, the first entry
+  whose range holds it serves; the last entry, the shipped baseline, holds every size.
 - `candidate/<sweep>-<number>`: one branch per candidate; `git diff main...<branch>` is
   its change against the kept kernel.
 - `archive/<sweep>-<number>-r<revision>`: reverted candidates.
@@ -125,7 +129,14 @@ def path() -> Path:
     return Path(settings.KERNEL_WORKSPACE)
 
 
-def kept_path(op: str) -> str:
+def kept_path(op: str, hardware: str) -> str:
+    if hardware not in HARDWARE:
+        raise WorkspaceError(f"unknown hardware class {hardware!r}")
+    return f"kernels/{op}/{hardware}/kept.py"
+
+
+# Before kept kernels were per hardware class: one file per op, shared by every class.
+def _shared_kept_path(op: str) -> str:
     return f"kernels/{op}/kept.py"
 
 
@@ -217,11 +228,16 @@ def read_file(rev: str, file: str) -> str | None:
         return None
 
 
-def dispatch_table(rev: str = MAIN) -> dict[str, list[dict]]:
+def dispatch_table(rev: str = MAIN) -> dict[str, dict[str, list[dict]]]:
+    """op -> hardware class -> its kept kernels, newest first."""
     text = read_file(_heads(rev) if rev == MAIN else rev, DISPATCH_PATH)
     if text is None:
         raise WorkspaceError(f"{DISPATCH_PATH} is missing at {rev}")
     return json.loads(text)
+
+
+def dispatch_entries(op: str, hardware: str, rev: str = MAIN) -> list[dict]:
+    return (dispatch_table(rev).get(op) or {}).get(hardware) or []
 
 
 @dataclass(frozen=True)
@@ -231,14 +247,15 @@ class KeptKernel:
     name: str  # as in dispatch.json: "baseline", or the kept candidate's kernel
 
 
-def kept_kernel(op: str) -> KeptKernel:
-    """The op's kept kernel at main's head, seeding the workspace when needed."""
+def kept_kernel(op: str, hardware: str) -> KeptKernel:
+    """The op's kept kernel on `hardware` at main's head, seeding the workspace when needed."""
     ensure()
     head = main_head()
-    source = read_file(head, kept_path(op))
-    entries = dispatch_table(head).get(op) or []
+    source = read_file(head, kept_path(op, hardware))
+    entries = dispatch_entries(op, hardware, head)
     if source is None or not entries:
-        raise WorkspaceError(f"{kept_path(op)} or its dispatch entry is missing on {MAIN} at {head[:12]}")
+        raise WorkspaceError(f"{kept_path(op, hardware)} or its dispatch entry is missing on {MAIN} "
+                             f"at {head[:12]}")
     return KeptKernel(commit=head, source=source, name=entries[0].get("kernel") or "kept")
 
 
@@ -336,8 +353,40 @@ def publish(updates: list[RefUpdate]) -> None:
         _git("update-ref", "--stdin", stdin=("\n".join(lines) + "\n").encode())
 
 
+def _baseline_entry(op: str, hardware: str) -> dict:
+    return {"kernel": "baseline", "commit": None, "path": kept_path(op, hardware),
+            "source": f"runners/ops/{op}/baseline.py", "axis": None, "min": None, "max": None}
+
+
+def _per_hardware(head: str, table: dict) -> tuple[dict, dict[str, str | None]]:
+    """A table of the shared layout (op -> entries, one kernels/<op>/kept.py for every
+    class) in the per-hardware one: each class keeps the newest kernel kept on it, read
+    from that keep's commit; a class nothing was kept on gets the shipped baseline. The
+    files to write (and the shared ones to delete)."""
+    files: dict[str, str | None] = {}
+    for name, entries in list(table.items()):
+        if not isinstance(entries, list):
+            continue
+        op = ops.get_op(name) if name in ops.list_ops() else None
+        shared = _shared_kept_path(name)
+        per_class = {}
+        for hardware in HARDWARE:
+            # Each entry keeps its path: where its commit holds that kernel.
+            kept = [entry for entry in entries if entry.get("hardware") == hardware and entry.get("commit")]
+            newest = kept[0] if kept else None
+            source = read_file(newest["commit"], shared) if newest else (
+                op.baseline_path.read_text(encoding="utf-8") if op else read_file(head, shared))
+            per_class[hardware] = [*kept, _baseline_entry(name, hardware)]
+            files[kept_path(name, hardware)] = source
+        table[name] = per_class
+        files[shared] = None
+    return table, files
+
+
 def ensure() -> None:
-    """Create the workspace on first use; seed any op that has no kept kernel yet.
+    """Create the workspace on first use; seed any (op, hardware class) that has no kept
+    kernel yet; move a workspace of the shared layout (one kept kernel per op) to the
+    per-hardware one.
 
     Ops are added by adding a folder, so a later start seeds the new ones too.
     """
@@ -347,33 +396,37 @@ def ensure() -> None:
             _git("init", "--quiet", "--bare", "--initial-branch", MAIN, str(folder), in_workspace=False)
         head = resolve(_heads(MAIN))
         table = dispatch_table(MAIN) if head else {}
-        missing = [name for name in ops.list_ops() if name not in table]
-        if not missing:
-            return
         files: dict[str, str | None] = {}
-        for name in missing:
-            op = ops.get_op(name)
-            files[kept_path(name)] = op.baseline_path.read_text(encoding="utf-8")
-            table[name] = [{
-                "kernel": "baseline", "commit": None, "path": kept_path(name),
-                "source": f"runners/ops/{name}/baseline.py", "axis": None, "min": None, "max": None,
-            }]
+        messages = []
+        if any(isinstance(entries, list) for entries in table.values()):
+            table, files = _per_hardware(head, table)
+            messages.append("Keep kernels per hardware class: each class keeps the newest kernel kept on it")
+        missing = [(name, hardware) for name in ops.list_ops() for hardware in HARDWARE
+                   if hardware not in (table.get(name) or {})]
+        for name, hardware in missing:
+            files[kept_path(name, hardware)] = ops.get_op(name).baseline_path.read_text(encoding="utf-8")
+            table.setdefault(name, {})[hardware] = [_baseline_entry(name, hardware)]
+        if missing:
+            seeded = sorted({name for name, _ in missing})
+            messages.append("Seed the shipped baseline of " + ", ".join(seeded))
+        if not files:
+            return
         if head is None:
             files["README.md"] = README
         files[DISPATCH_PATH] = dispatch_json(table)
-        message = "Seed the shipped baseline of " + ", ".join(missing)
-        (seed,) = build([NewCommit(parents=[head] if head else [], files=files, message=message,
+        (seed,) = build([NewCommit(parents=[head] if head else [], files=files, message="\n\n".join(messages),
                                    author=KERNEL_LAB)])
         publish([RefUpdate(MAIN, seed, old=head)])
 
 
-def dispatch_json(table: dict[str, list[dict]]) -> str:
+def dispatch_json(table: dict[str, dict[str, list[dict]]]) -> str:
     return json.dumps(table, indent=2) + "\n"
 
 
-def merge_build(*, op: str, commit: str, base: str, entry: dict, message: str,
+def merge_build(*, op: str, hardware: str, commit: str, base: str, entry: dict, message: str,
                 author: Identity, reviewer: Identity) -> Merge:
-    """The merge commit keeping `commit`, with `entry` first in the op's dispatch list.
+    """The merge commit keeping `commit`, with `entry` first in the op's dispatch list of
+    `hardware`.
 
     Refused when the main line changed, since `base`, a file the candidate changes: the
     candidate was measured against a kernel that is no longer the kept one.
@@ -389,7 +442,8 @@ def merge_build(*, op: str, commit: str, base: str, entry: dict, message: str,
             "was measured against a kernel that is no longer kept; revert it or revise it")
     files: dict[str, str | None] = {file: read_file(commit, file) for file in theirs}
     table = dispatch_table(head)
-    table[op] = [entry, *table.get(op, [])]
+    per_class = table.setdefault(op, {})
+    per_class[hardware] = [entry, *per_class.get(hardware, [])]
     files[DISPATCH_PATH] = dispatch_json(table)
     (merge,) = build([NewCommit(parents=[head, commit], files=files, message=message,
                                 author=author, committer=reviewer)])
@@ -437,18 +491,28 @@ def scratch_checkout(commit: str, folder: Path, *, files: dict[str, str] | None 
     return _git("-C", str(folder), "rev-parse", "HEAD", in_workspace=False).strip()
 
 
-def scratch_exclude(folder: Path, name: str) -> None:
+def scratch_git_dir(folder: Path, into: Path) -> Path:
+    """A copy of the checkout's git directory at `into`, to read its changes with later:
+    whatever then runs in the checkout can rewrite the checkout's own `.git` (its
+    config names programs git runs: core.fsmonitor, hooks), never this copy."""
+    shutil.copytree(Path(folder) / ".git", into, symlinks=True)
+    return Path(into)
+
+
+def scratch_exclude(git_dir: Path, name: str) -> None:
     """Keep `name` (a file the app writes into the checkout) out of its changes."""
-    exclude = Path(folder) / ".git" / "info" / "exclude"
+    exclude = Path(git_dir) / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     with open(exclude, "a", encoding="utf-8") as handle:
         handle.write(f"\n/{name}\n")
 
 
-def scratch_changes(folder: Path, base: str) -> list[str]:
+def scratch_changes(folder: Path, base: str, *, git_dir: Path) -> list[str]:
     """Every file that differs from `base` in the checkout: edited, added (untracked
-    too), deleted, or changed by commits the command made itself."""
-    _git("-C", str(folder), "add", "--all", in_workspace=False)
-    out = _git("-C", str(folder), "diff", "--cached", "--name-only", "--no-renames", "-z", base, "--",
+    too), deleted, or changed by commits the command made itself. Read with `git_dir`
+    (`scratch_git_dir`), never the checkout's own `.git`, and with no fsmonitor."""
+    where = ("--git-dir", str(git_dir), "--work-tree", str(folder), "-c", "core.fsmonitor=false")
+    _git(*where, "add", "--all", in_workspace=False)
+    out = _git(*where, "diff", "--cached", "--name-only", "--no-renames", "-z", base, "--",
                in_workspace=False)
     return [name for name in out.split("\x00") if name]

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from research.charts import _LAYOUT, Figure
+from research.charts import LAYOUT, Figure, plotly_text
 from reviews.selectors import WorkloadRow
 
 KEPT_COLOUR = "#667085"
@@ -17,11 +17,12 @@ WIN_COLOUR = "#127a3a"
 LOSS_COLOUR = "#b42318"
 GREY = "#98a2b3"
 WAITING_COLOUR = "#dc6803"
+WARN_COLOUR = "#b54708"
 _DASHES = ["solid", "dot", "dash", "dashdot", "longdash"]
 
 
 def _size_label(row: WorkloadRow) -> str:
-    return f"{row.size:,}" if row.size is not None else row.name
+    return f"{row.size:,}" if row.size is not None else plotly_text(row.name)
 
 
 def _categories(rows: Sequence[WorkloadRow]) -> list[str]:
@@ -66,7 +67,7 @@ def latency_figure(rows: Sequence[WorkloadRow], axis: str | None) -> Figure:
     for index, (group, members) in enumerate(_groups(rows).items()):
         x = [_size_label(r) for r in members]
         dash = _DASHES[index % len(_DASHES)]
-        suffix = "" if group == "all" else f" ({group})"
+        suffix = "" if group == "all" else plotly_text(f" ({group})")
         for side, colour, times, ci in (
             ("kept", KEPT_COLOUR, [r.baseline_ms for r in members], [r.baseline_ci for r in members]),
             ("candidate", CANDIDATE_COLOUR, [r.candidate_ms for r in members], [r.candidate_ci for r in members]),
@@ -81,7 +82,7 @@ def latency_figure(rows: Sequence[WorkloadRow], axis: str | None) -> Figure:
     return {
         "data": traces,
         "layout": {
-            **_LAYOUT,
+            **LAYOUT,
             "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
                       "categoryorder": "array", "categoryarray": _categories(rows)},
             "yaxis": {"title": {"text": "median time per call (ms)"}, "rangemode": "tozero"},
@@ -107,7 +108,7 @@ def speedup_figure(rows: Sequence[WorkloadRow], axis: str | None,
         ]
         traces.append({
             "type": "scatter", "mode": "lines+markers",
-            "name": "speedup" if group == "all" else f"speedup ({group})",
+            "name": "speedup" if group == "all" else plotly_text(f"speedup ({group})"),
             "x": [_size_label(r) for r in members], "y": speedups,
             "line": {"color": CANDIDATE_COLOUR, "dash": _DASHES[index % len(_DASHES)]},
             "marker": {"color": colours, "size": 9},
@@ -133,13 +134,14 @@ def speedup_figure(rows: Sequence[WorkloadRow], axis: str | None,
         })
         annotations.append({
             "xref": "paper", "yref": "paper", "x": 0, "y": 1.08, "showarrow": False, "xanchor": "left",
-            "text": "shaded: dispatch range" + (f" — {dispatch['summary']}" if dispatch.get("summary") else ""),
+            "text": "shaded: dispatch range" + (f" — {plotly_text(dispatch['summary'])}"
+                                                if dispatch.get("summary") else ""),
             "font": {"color": WIN_COLOUR},
         })
     return {
         "data": traces,
         "layout": {
-            **_LAYOUT,
+            **LAYOUT,
             "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
                       "categoryorder": "array", "categoryarray": categories},
             "yaxis": {"title": {"text": "speedup over the kept kernel (×)"}},
@@ -176,10 +178,11 @@ _STATES = {
 
 def path_figure(points: Sequence[dict]) -> Figure:
     """Every evaluated candidate in order; kept ones highlighted and labelled; the running
-    best (over kept candidates, per op, starting at the shipped baseline = 1) as a step.
+    best (over kept candidates, per op and hardware class, starting at the shipped
+    baseline = 1) as a step.
 
     `points` come from reviews.selectors.path_points: x, y (None when not timed), op,
-    state, label, candidate, thesis, speedup, when, url. A candidate that was never
+    hardware, state, label, candidate, thesis, speedup, when, url. A candidate that was never
     timed (rejected before timing) sits on the x axis.
     """
     traces: list[dict] = []
@@ -189,7 +192,8 @@ def path_figure(points: Sequence[dict]) -> Figure:
             "type": "scatter", "mode": "markers", "name": name,
             "x": [p["x"] for p in members],
             "y": [p["y"] if p["y"] is not None else 0 for p in members],
-            "customdata": [[p["url"], p["candidate"], p["label"], p["thesis"], p["op"], p["when"],
+            # The url is read by the page's script, never shown; the rest is shown.
+            "customdata": [[p["url"], *(plotly_text(p[key]) for key in ("candidate", "label", "thesis", "op", "when")),
                             "not timed" if p["y"] is None else f"{p['y']:.3f}×"] for p in members],
             "hovertemplate": "%{customdata[1]} · %{customdata[4]} · " + name
                              + "<br>%{customdata[2]}<br>%{customdata[6]} over the shipped baseline"
@@ -202,11 +206,14 @@ def path_figure(points: Sequence[dict]) -> Figure:
         if members:
             traces.append(marker_trace(members, name, marker={"color": colour, "symbol": symbol, "size": size}))
 
-    ops = list(dict.fromkeys(p["op"] for p in points))
+    # One running best per op and hardware class: kernels are kept per class.
+    lines = list(dict.fromkeys((p["op"], p.get("hardware")) for p in points))
     last_x = max((p["x"] for p in points), default=0)
-    for op, dash in zip(ops, itertools.cycle(_OP_DASHES)):
-        kept = [p for p in points if p["op"] == op and p["state"] == "kept" and p["y"] is not None]
-        first_x = min(p["x"] for p in points if p["op"] == op)
+    for line, dash in zip(lines, itertools.cycle(_OP_DASHES)):
+        members = [p for p in points if (p["op"], p.get("hardware")) == line]
+        kept = [p for p in members if p["state"] == "kept" and p["y"] is not None]
+        first_x = min(p["x"] for p in members)
+        op = f"{line[0]} on {line[1]}" if line[1] else line[0]
         xs, ys, best = [first_x], [1.0], 1.0
         for point in kept:
             best = max(best, point["y"])
@@ -215,25 +222,29 @@ def path_figure(points: Sequence[dict]) -> Figure:
         xs.append(last_x)
         ys.append(best)
         traces.append({
-            "type": "scatter", "mode": "lines", "name": "running best" if len(ops) == 1 else f"running best ({op})",
+            "type": "scatter", "mode": "lines", "name": "running best" if len(lines) == 1 else f"running best ({op})",
             "x": xs, "y": ys, "line": {"shape": "hv", "color": WIN_COLOUR, "width": 2, "dash": dash},
             "hoverinfo": "skip",
         })
 
-    kept = [p for p in points if p["state"] == "kept"]
-    if kept:
-        traces.append(marker_trace(
-            kept, "kept", mode="markers+text",
-            text=[_label(p) for p in kept],
-            # Toward the middle, so a label near either end stays inside the plot.
-            textposition=["top left" if 2 * p["x"] > last_x + 1 else "top right" for p in kept],
-            textfont={"color": WIN_COLOUR, "size": 11},
-            marker={"color": WIN_COLOUR, "symbol": "star", "size": 15, "line": {"color": "#fff", "width": 1}},
-        ))
+    # An imported win two reviewers kept without a worker's measurement stays marked apart.
+    for name, colour, symbol, unverified in (("kept", WIN_COLOUR, "star", False),
+                                             ("kept unverified", WARN_COLOUR, "star-open", True)):
+        kept = [p for p in points if p["state"] == "kept" and bool(p.get("unverified")) == unverified]
+        if kept:
+            traces.append(marker_trace(
+                kept, name, mode="markers+text",
+                text=[_label(p) + (" (unverified)" if unverified else "") for p in kept],
+                # Toward the middle, so a label near either end stays inside the plot.
+                textposition=["top left" if 2 * p["x"] > last_x + 1 else "top right" for p in kept],
+                textfont={"color": colour, "size": 11},
+                marker={"color": colour, "symbol": symbol, "size": 15,
+                        "line": {"color": colour if unverified else "#fff", "width": 1}},
+            ))
     return {
         "data": traces,
         "layout": {
-            **_LAYOUT,
+            **LAYOUT,
             "height": 380,
             # Whole candidates only: at most a dozen ticks, however long the path.
             "xaxis": {"title": {"text": "candidate, in the order results came in"}, "tickformat": "d",
@@ -247,4 +258,4 @@ def path_figure(points: Sequence[dict]) -> Figure:
 
 def _label(point: dict, limit: int = 40) -> str:
     text = f"{point['candidate']}: {point['label']}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return plotly_text(text if len(text) <= limit else text[: limit - 1] + "…")

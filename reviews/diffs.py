@@ -3,11 +3,18 @@
 Each side's whole file is highlighted first (Pygments), so a line inside a docstring
 or a multi-line string is coloured as what it is, and each diff line then takes its
 highlighted text by line number. Everything that reaches the page is escaped here.
+
+A diff must not show code other than what runs. Characters that render as nothing or
+reorder the text around them (bidirectional controls, zero-width and other format
+characters, line and paragraph separators, control characters) are shown as visible
+escapes, named in each file's `hidden`, and lines split at "\n" only, as git and
+Python split them: a U+2028 cannot start a line the diff's markers do not see.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +26,39 @@ from pygments.token import STANDARD_TYPES
 from pygments.util import ClassNotFound
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)$")
+# Anything but printable ASCII, tab and newline: where a hidden character can be.
+_UNUSUAL = re.compile(r"[^\x20-\x7e\t\n]")
+
+
+def is_hidden(character: str) -> bool:
+    """Renders as nothing, or moves or breaks the text around it."""
+    category = unicodedata.category(character)
+    return category in ("Cf", "Zl", "Zp") or (category == "Cc" and character not in "\t\n")
+
+
+def character_name(character: str) -> str:
+    return f"U+{ord(character):04X} {unicodedata.name(character, 'CONTROL CHARACTER')}"
+
+
+def hidden_characters(text: str) -> list[str]:
+    """The names of the hidden characters in `text`, each once, in order of appearance."""
+    found = (match.group() for match in _UNUSUAL.finditer(text))
+    return list(dict.fromkeys(character_name(c) for c in found if is_hidden(c)))
+
+
+def _revealed(escaped: str) -> str:
+    """Escaped text with every hidden character replaced by a visible, named escape."""
+    def visible(match: re.Match) -> str:
+        character = match.group()
+        if not is_hidden(character):
+            return character
+        return (f'<span class="hidden-char" title="{character_name(character)}">'
+                f'&lt;U+{ord(character):04X}&gt;</span>')
+    return _UNUSUAL.sub(visible, escaped)
+
+
+def _shown(text: str) -> SafeString:
+    return mark_safe(_revealed(str(escape(text))))  # noqa: S308  # nosec B308 B703  (escaped first)
 
 
 @dataclass
@@ -33,6 +73,8 @@ class DiffLine:
 class FileDiff:
     path: str
     lines: list[DiffLine] = field(default_factory=list)
+    # The hidden characters in its changed and context lines (named, each once).
+    hidden: list[str] = field(default_factory=list)
 
     @property
     def added(self) -> int:
@@ -62,7 +104,7 @@ def highlighted_lines(text: str, filename: str) -> list[str]:
             if index:
                 lines.append([])
             if piece:
-                lines[-1].append(f'<span class="{css}">{escape(piece)}</span>' if css else str(escape(piece)))
+                lines[-1].append(f'<span class="{css}">{_shown(piece)}</span>' if css else str(_shown(piece)))
     return ["".join(parts) for parts in lines]
 
 
@@ -76,10 +118,10 @@ def render_diff(diff_text: str, *, old_file: Callable[[str], str | None],
 
     def pick(lines: list[str], number: int, raw: str) -> SafeString:
         # Each line was built from escaped text and our own span tags (highlighted_lines).
-        line = lines[number - 1] if 0 < number <= len(lines) else escape(raw)
+        line = lines[number - 1] if 0 < number <= len(lines) else _shown(raw)
         return mark_safe(line)  # noqa: S308  # nosec B308 B703
 
-    for raw in diff_text.splitlines():
+    for raw in diff_text.split("\n"):
         if raw.startswith("diff --git "):
             path = raw.split(" b/", 1)[-1]
             files.append(FileDiff(path=path))
@@ -92,10 +134,12 @@ def render_diff(diff_text: str, *, old_file: Callable[[str], str | None],
         hunk = _HUNK.match(raw)
         if hunk:
             old_no, new_no = int(hunk.group(1)), int(hunk.group(2))
-            current.lines.append(DiffLine("hunk", None, None, escape(raw)))
-        elif not current.lines:
+            current.lines.append(DiffLine("hunk", None, None, _shown(raw)))
+            continue
+        if not current.lines:
             continue  # the header: index, mode, ---/+++ lines
-        elif raw.startswith("+"):
+        current.hidden += [name for name in hidden_characters(raw[1:]) if name not in current.hidden]
+        if raw.startswith("+"):
             current.lines.append(DiffLine("add", None, new_no, pick(new_lines, new_no, raw[1:])))
             new_no += 1
         elif raw.startswith("-"):

@@ -13,6 +13,31 @@ from django.db.models import F, Q
 
 from research.models import Candidate
 
+# Who may keep or revert a candidate, and ask a worker to verify an imported one.
+DECIDE_PERMISSION = "reviews.decide_candidate"
+
+
+class UnverifiedKeepRequest(models.Model):
+    """A reviewer asks to keep an imported win that no worker of the lab has verified (its
+    hardware class may have none). Only a second reviewer's confirmation keeps it, and the
+    keep stays marked unverified: on the review, the path chart and the dispatch table."""
+
+    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="unverified_requests")
+    revision = models.PositiveIntegerField()
+    commit = models.CharField(max_length=40)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    comment = models.TextField(blank=True)
+    dispatch_min = models.PositiveBigIntegerField(null=True, blank=True)
+    dispatch_max = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["candidate", "revision"],
+                                               name="unverified_keep_one_request_per_revision")]
+
+    def __str__(self) -> str:
+        return f"keep {self.candidate} unverified, asked by {self.requested_by}"
+
 
 class Review(models.Model):
     class Decision(models.TextChoices):
@@ -35,6 +60,10 @@ class Review(models.Model):
     dispatch_max = models.PositiveBigIntegerField(null=True, blank=True)
     merge_commit = models.CharField(max_length=40, blank=True)
     archived_branch = models.CharField(max_length=120, blank=True)
+    # A keep of an imported win no worker verified: the first reviewer's request, which
+    # this review (by another reviewer) confirmed.
+    unverified_request = models.OneToOneField(UnverifiedKeepRequest, null=True, blank=True,
+                                              on_delete=models.PROTECT, related_name="review")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

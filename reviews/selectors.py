@@ -12,22 +12,26 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from research import workspace
 from research.hardware import HARDWARE
-from research.models import Candidate, GuardFinding, Thesis
-from reviews.diffs import FileDiff, render_diff
+from research.models import Candidate, GuardFinding, Sweep, Thesis
+from reviews.diffs import FileDiff, hidden_characters, render_diff
 from reviews.models import Review
 from runners import ops
 from runners.harness.dispatch import size_axis
+from runners.harness.stats import P_THRESHOLD
 
 LEADERBOARD_PERIODS = {"7": 7, "30": 30, "90": 90, "all": None}
 PATH_LIMIT = 2000
 THESIS_CHOICES = 200
 RECORDED = [Candidate.Status.DONE, Candidate.Status.FAILED]
+# A VERIFY sweep measures an imported candidate again: it is that candidate's evidence
+# (its review page shows it), not a new candidate to review, chart or count.
+VERIFICATION_RUNS = Q(sweep__strategy=Sweep.Strategy.VERIFY)
 
 
 def _decided_now() -> Exists:
@@ -35,14 +39,28 @@ def _decided_now() -> Exists:
 
 
 def review_queue(*, op: str = "", hardware: str = "", author: int | None = None,
-                 thesis: int | None = None) -> QuerySet[Candidate]:
-    """Wins not yet decided for their current revision, oldest result first."""
+                 thesis: int | None = None, reviewable_by=None) -> QuerySet[Candidate]:
+    """Wins not yet decided for their current revision, oldest result first; with
+    `reviewable_by`, only those that person may decide (neither filed nor produced)."""
+    finished_runs = Candidate.objects.filter(VERIFICATION_RUNS, sweep__verifies=OuterRef("pk"),
+                                             status=Candidate.Status.DONE)
     queue = (
         Candidate.objects.filter(verdict="win", status=Candidate.Status.DONE)
         .exclude(_decided_now())
+        .exclude(VERIFICATION_RUNS)
+        # An imported win a worker found a win too, and none found otherwise (the badge;
+        # reviews.verification decides, with the details).
+        .annotate(verified_here=Exists(finished_runs.filter(verdict="win"))
+                  & ~Exists(finished_runs.exclude(verdict="win")))
+        # A result too good to be true (the plausibility guard): shown first on its page,
+        # marked in the queue.
+        .annotate(needs_scrutiny=Exists(GuardFinding.objects.filter(
+            candidate=OuterRef("pk"), name="plausibility").exclude(status=GuardFinding.Status.PASS)))
         .select_related("sweep__thesis__author", "sweep__started_by")
         .order_by("finished_at", "id")
     )
+    if reviewable_by is not None:
+        queue = queue.exclude(sweep__thesis__author=reviewable_by).exclude(sweep__started_by=reviewable_by)
     if op:
         queue = queue.filter(sweep__thesis__op=op)
     if hardware:
@@ -98,6 +116,15 @@ def op_kept_history(op: str) -> list[Review]:
     )
 
 
+def latest_kept(op: str, hardware: str, *, other_than: Candidate) -> Candidate | None:
+    """The candidate whose keep made the newest kept kernel of `op` on `hardware`, other
+    than `other_than`: what a candidate of that class is compared with."""
+    review = (Review.objects.filter(decision=Review.Decision.KEEP, candidate__sweep__thesis__op=op,
+                                    candidate__sweep__hardware=hardware)
+              .exclude(candidate=other_than).select_related("candidate").order_by("-created_at", "-id").first())
+    return review.candidate if review else None
+
+
 # -- what the review page shows ------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -107,6 +134,20 @@ class CandidateDiffs:
     # kernel: a sweep point's changed PARAMS values, or what a revision changed.
     own_commit: list[FileDiff] | None
     error: str = ""
+
+    @property
+    def hidden(self) -> list[tuple[str, str]]:
+        """(file, character name) of every hidden character the change holds."""
+        return [(file.path, name) for file in self.against_kept for name in file.hidden]
+
+
+def candidate_hidden_characters(candidate: Candidate) -> list[str]:
+    """The hidden characters (reviews.diffs) anywhere in the candidate's diff against the
+    kept kernel it was timed against: what a keep asks the reviewer to have read. Raises
+    workspace.WorkspaceError when the diff cannot be made."""
+    if not candidate.sweep.base_commit or not candidate.commit:
+        return []
+    return hidden_characters(workspace.diff(candidate.sweep.base_commit, candidate.commit))
 
 
 def candidate_diffs(candidate: Candidate) -> CandidateDiffs:
@@ -151,6 +192,30 @@ class WorkloadRow:
     first_call_shape: str | None = None
     first_call_ms: float | None = None
     first_call_baseline_ms: float | None = None
+    # Why the harness did not call it significant (None when it did): the first of its
+    # conditions that failed (runners.harness.stats.compare, evaluate._workload_results).
+    why_not: str | None = None
+
+
+def why_not_significant(workload: dict, *, timing_meaningful: bool = True) -> str | None:
+    """The reason a workload's speedup is not significant, in the order the harness tests."""
+    if workload.get("significant"):
+        return None
+    speedup, floor, p = workload.get("speedup"), workload.get("noise_floor"), workload.get("p_value")
+    ci = _pair(workload.get("speedup_ci"))
+    if speedup is None:
+        return "not timed"
+    if not timing_meaningful:
+        return "times here say nothing about the GPU (a CPU interpreter ran the kernel)"
+    if p is not None and p >= P_THRESHOLD:
+        return f"p = {p:.2g}, not under {P_THRESHOLD:g}"
+    if ci is not None and ci[0] <= 1 <= ci[1]:
+        return f"its interval [{ci[0]:.3f}, {ci[1]:.3f}] holds 1×"
+    if floor is not None and abs(math.log(speedup)) <= math.log1p(floor):
+        return (f"inside this run's noise floor of ±{floor:.0%} (what two processes of the same kernel "
+                "differ by here)")
+    return ("not beyond the noise floor once the most the clock check could have missed is added back "
+            "to each call")
 
 
 def _pair(value: Any) -> tuple[float, float] | None:
@@ -204,6 +269,7 @@ def candidate_workload_rows(candidate: Candidate) -> tuple[str | None, list[Work
             roofline_fraction=w.get("roofline_fraction"), noise_floor=w.get("noise_floor"),
             first_call_shape=w.get("first_call_shape"), first_call_ms=w.get("first_call_ms"),
             first_call_baseline_ms=w.get("first_call_baseline_ms"),
+            why_not=why_not_significant(w, timing_meaningful=(candidate.result or {}).get("timing_meaningful", True)),
         ))
     return axis, rows
 
@@ -266,7 +332,8 @@ def path_points(*, thesis_id: int | None = None, op: str = "") -> list[dict]:
     against the kernel kept when its sweep started, so its own speedup is compounded
     with the kept wins before that, and kept wins accumulate along the path.
     """
-    candidates = Candidate.objects.filter(status__in=RECORDED).select_related("sweep__thesis")
+    candidates = (Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS)
+                  .select_related("sweep__thesis"))
     if thesis_id:
         candidates = candidates.filter(sweep__thesis_id=thesis_id)
     if op:
@@ -276,24 +343,28 @@ def path_points(*, thesis_id: int | None = None, op: str = "") -> list[dict]:
         (review.candidate_id, review.revision): review
         for review in Review.objects.filter(candidate__in=[c.pk for c in candidates])
     }
-    keeps: dict[str, list[tuple[datetime, float]]] = {}
+    # Kept wins compound per op and hardware class: each class keeps its own kernels.
+    keeps: dict[tuple[str, str], list[tuple[datetime, float]]] = {}
     for review in (Review.objects.filter(decision=Review.Decision.KEEP)
                    .select_related("candidate__sweep__thesis").order_by("created_at")):
         if review.candidate.geomean_speedup:
-            keeps.setdefault(review.candidate.sweep.thesis.op, []).append(
+            sweep = review.candidate.sweep
+            keeps.setdefault((sweep.thesis.op, sweep.hardware), []).append(
                 (review.created_at, review.candidate.geomean_speedup))
 
     points = []
     for x, candidate in enumerate(candidates, start=1):
         sweep, thesis = candidate.sweep, candidate.sweep.thesis
         review = decisions.get((candidate.pk, candidate.revision))
-        base = math.prod(s for when, s in keeps.get(thesis.op, []) if when < sweep.created_at)
+        base = math.prod(s for when, s in keeps.get((thesis.op, sweep.hardware), []) if when < sweep.created_at)
         y = candidate.geomean_speedup * base if candidate.geomean_speedup else None
         points.append({
             "x": x,
             "y": y,
             "op": thesis.op,
+            "hardware": sweep.hardware,
             "state": _state(candidate, review.decision if review else None),
+            "unverified": bool(review and review.unverified_request_id),
             "label": f"{sweep.kernel} {_short_params(candidate.params)}".strip(),
             "candidate": candidate.label,
             "thesis": thesis.title,
@@ -336,7 +407,7 @@ def leaderboard(*, days: int | None, now: datetime | None = None) -> dict[str, l
     Kept counts the candidates of the period that were kept (on their current
     revision), so the hit rate, kept / tried, is over the same candidates.
     """
-    candidates = Candidate.objects.filter(status__in=RECORDED).annotate(
+    candidates = Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS).annotate(
         kept_now=Exists(Review.objects.filter(candidate=OuterRef("pk"), revision=OuterRef("revision"),
                                               decision=Review.Decision.KEEP)))
     if days is not None:

@@ -16,13 +16,15 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from research import workspace
-from research.models import Candidate
+from research import workers, workspace
+from research.models import Candidate, Sweep
+from research.provenance import is_imported
 from research.services import describe_params
 from reviews.live import publish_queue_changed
-from reviews.models import Review
+from reviews.models import DECIDE_PERMISSION, Review, UnverifiedKeepRequest
+from reviews.selectors import candidate_hidden_characters
+from reviews.verification import Verification, lab_measurement, verification
 
-DECIDE_PERMISSION = "reviews.decide_candidate"
 MAX_COMMENT = 10_000
 
 
@@ -38,6 +40,11 @@ def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) ->
         raise PermissionDenied("you produced this candidate (you started its sweep): someone else must review it")
     if candidate.verdict != "win" or candidate.status != Candidate.Status.DONE:
         raise ValidationError("only an evaluated win waits for a decision", code="not-waiting")
+    if sweep.strategy == Sweep.Strategy.VERIFY:
+        # Its source is the imported candidate's, its sweep another person's: deciding on it
+        # would keep the import past its own gate, produced by whoever asked for the check.
+        raise ValidationError(f"this run verifies candidate {sweep.verifies.label}: decide on that one",
+                              code="not-waiting")
     if commit != candidate.commit:
         raise ValidationError(
             f"the candidate has a new revision (r{candidate.revision}, commit {candidate.commit[:12]}) "
@@ -67,10 +74,11 @@ def _dispatch(candidate: Candidate, low: int | None, high: int | None) -> tuple[
     return axis, low, high
 
 
-def _details(review: Review, candidate: Candidate) -> dict:
-    """What a decision adds to the webhook's candidate data (webhooks.payloads)."""
+def _details(review: Review, candidate: Candidate, measured: Candidate) -> dict:
+    """What a decision adds to the webhook's candidate data (webhooks.payloads); the
+    figures are `measured`'s (a verified import's worker run, else the candidate)."""
     sweep, thesis = candidate.sweep, candidate.sweep.thesis
-    result = candidate.result or {}
+    result = measured.result or {}
     details = {
         "thesis": {"id": thesis.pk, "title": thesis.title},
         "author": thesis.author.get_username(),
@@ -85,6 +93,8 @@ def _details(review: Review, candidate: Candidate) -> dict:
         "e2e": result.get("e2e"),
     }
     if review.is_keep:
+        # False: an import two reviewers kept without a worker's measurement.
+        details["verified"] = review.unverified_request_id is None
         details["merge_commit"] = review.merge_commit
         details["dispatch_range"] = {"axis": review.dispatch_axis or None, "min": review.dispatch_min,
                                      "max": review.dispatch_max}
@@ -93,22 +103,25 @@ def _details(review: Review, candidate: Candidate) -> dict:
     return details
 
 
-def _notify(*, type: str, review: Review, candidate: Candidate) -> None:
-    """The webhook outbox rows, written in the decision's own transaction."""
+def _notify(*, type: str, review: Review, candidate: Candidate, measured: Candidate | None = None) -> None:
+    """The webhook outbox rows, written in the decision's own transaction; the figures
+    are `measured`'s (default: the candidate's)."""
     if not apps.is_installed("webhooks"):
         return
+    measured = measured or candidate
     from webhooks.payloads import candidate_decided
     from webhooks.services import webhook_event
 
     webhook_event(type=type, payload=candidate_decided(
         candidate, reviewer=review.reviewer, comment=review.comment,
-        url=candidate.get_absolute_url(), **_details(review, candidate)))
+        url=candidate.get_absolute_url(), measured=measured, **_details(review, candidate, measured)))
 
 
-def _merge_message(candidate: Candidate, review: Review, reviewer_identity: workspace.Identity) -> str:
+def _merge_message(candidate: Candidate, review: Review, reviewer_identity: workspace.Identity,
+                   measured: Candidate) -> str:
     sweep, thesis = candidate.sweep, candidate.sweep.thesis
     params = describe_params(dict(sorted(candidate.params.items())))  # jsonb reorders keys
-    speedup = f"{candidate.geomean_speedup:.3f}x" if candidate.geomean_speedup else "n/a"
+    speedup = f"{measured.geomean_speedup:.3f}x" if measured.geomean_speedup else "n/a"
     lines = [
         f"Keep {thesis.op} candidate {candidate.label}: {sweep.kernel} {params}",
         "",
@@ -123,44 +136,126 @@ def _merge_message(candidate: Candidate, review: Review, reviewer_identity: work
     return "\n".join(lines)
 
 
+def _unverified_request(candidate: Candidate, check: Verification | None, reviewer,
+                        confirm_unverified: bool) -> UnverifiedKeepRequest | None:
+    """None for a win that needs no verification (`check` None) or has it; the request a
+    second reviewer confirms for an imported one that has none; refused otherwise."""
+    if check is None or check.agrees:
+        return None
+    request = candidate.unverified_requests.filter(revision=candidate.revision).first()
+    if not confirm_unverified or request is None:
+        raise ValidationError(
+            "an imported win is kept only once a worker of the lab measured it again and also "
+            f"found a win: {check.detail}" + ("" if request else
+                                              " (or, where no worker of its hardware exists, once two "
+                                              "reviewers agree to keep it unverified)"), code="unverified")
+    _may_keep_unverified(candidate, check)
+    if request.requested_by_id == reviewer.pk:
+        raise PermissionDenied("you asked to keep it unverified: a second reviewer must confirm it")
+    return request
+
+
+def _may_keep_unverified(candidate: Candidate, check: Verification) -> None:
+    """Keeping unverified is for hardware the lab has no worker of, and never for a win a
+    worker refuted: refused then, while a verification runs or waits, or while a live
+    worker serves the candidate's queue. Asked and confirmed alike."""
+    if check.state == "disagrees":
+        raise ValidationError(f"a worker of the lab measured it and found no win: {check.detail}",
+                              code="refuted")
+    if check.state == "pending":
+        raise ValidationError(f"a worker is measuring it ({check.detail}): wait for its verdict",
+                              code="verifying")
+    live = workers.live_queues()
+    if live is not None and candidate.sweep.queue in live:
+        raise ValidationError(f"a worker of the lab serves queue {candidate.sweep.queue}: verify it instead",
+                              code="verifiable")
+
+
+def candidate_keep_unverified_request(*, candidate: Candidate, reviewer, commit: str, comment: str = "",
+                                      dispatch_min: int | None = None,
+                                      dispatch_max: int | None = None) -> UnverifiedKeepRequest:
+    """Ask to keep an imported win no worker of the lab verified: a second reviewer's
+    confirmation (candidate_keep with confirm_unverified) keeps it, marked unverified.
+    Refused for a win that is not imported, is verified, or was refuted by a worker."""
+    comment = _clean_comment(comment)
+    with transaction.atomic():
+        candidate = _locked_waiting_candidate(candidate=candidate, reviewer=reviewer, commit=commit)
+        if not is_imported(candidate):
+            raise ValidationError("this win was measured by a worker of the lab: keep it as any other",
+                                  code="not-imported")
+        check = verification(candidate)
+        if check.agrees:
+            raise ValidationError(f"it is verified ({check.detail}): keep it as any other", code="verified")
+        _may_keep_unverified(candidate, check)
+        if candidate.unverified_requests.filter(revision=candidate.revision).exists():
+            raise ValidationError("keeping this revision unverified was already asked: a second reviewer "
+                                  "confirms it", code="decided")
+        _, low, high = _dispatch(candidate, dispatch_min, dispatch_max)
+        return UnverifiedKeepRequest.objects.create(
+            candidate=candidate, revision=candidate.revision, commit=candidate.commit, requested_by=reviewer,
+            comment=comment, dispatch_min=low, dispatch_max=high)
+
+
 def candidate_keep(*, candidate: Candidate, reviewer, commit: str, comment: str = "",
-                   dispatch_min: int | None = None, dispatch_max: int | None = None) -> Review:
+                   dispatch_min: int | None = None, dispatch_max: int | None = None,
+                   saw_hidden_characters: bool = False, confirm_unverified: bool = False) -> Review:
     """Keep a win: merge its branch into main with its dispatch range, authored by the
-    thesis author, with the reviewer in a `Reviewed-by:` trailer."""
+    thesis author, with the reviewer in a `Reviewed-by:` trailer. A change holding
+    characters a diff cannot show (reviews.diffs) is kept only by a reviewer who says
+    they read them, shown as escapes. An imported win is kept once a worker verified it
+    (reviews.verification), or, with `confirm_unverified`, by a second reviewer who
+    confirms another's request to keep it unverified (then on the request's range)."""
     comment = _clean_comment(comment)
     with workspace.lock(), transaction.atomic():
         candidate = _locked_waiting_candidate(candidate=candidate, reviewer=reviewer, commit=commit)
         if not candidate.commit:
             raise ValidationError("this candidate has no commit in the kernel workspace to merge",
                                   code="no-commit")
-        axis, low, high = _dispatch(candidate, dispatch_min, dispatch_max)
+        hidden = candidate_hidden_characters(candidate)
+        if hidden and not saw_hidden_characters:
+            raise ValidationError({"saw_hidden_characters": (
+                f"the change holds characters a diff cannot show ({', '.join(hidden)}): read them "
+                "where the diff marks them, then tick that you did")}, code="hidden-characters")
+        check = verification(candidate) if is_imported(candidate) else None
+        request = _unverified_request(candidate, check, reviewer, confirm_unverified)
+        # The figures a keep writes are the lab's own: for a verified import, its worker's run.
+        measured = lab_measurement(candidate, check)
+        if request is not None:
+            dispatch_min, dispatch_max = request.dispatch_min, request.dispatch_max
+            comment = "\n\n".join(part for part in (
+                f"Kept unverified: asked by {request.requested_by.get_username()}"
+                + (f" ({request.comment})" if request.comment else ""), comment) if part)
+        axis, low, high = _dispatch(measured, dispatch_min, dispatch_max)
         sweep, thesis = candidate.sweep, candidate.sweep.thesis
         review = Review(
             candidate=candidate, commit=candidate.commit, revision=candidate.revision,
             decision=Review.Decision.KEEP, reviewer=reviewer, author=thesis.author,
             producer=sweep.started_by, comment=comment,
-            dispatch_axis=axis, dispatch_min=low, dispatch_max=high,
+            dispatch_axis=axis, dispatch_min=low, dispatch_max=high, unverified_request=request,
         )
         reviewer_identity = workspace.identity_of(reviewer)
         entry = {
             "kernel": sweep.kernel, "candidate": candidate.label, "revision": candidate.revision,
-            "commit": candidate.commit, "path": workspace.kept_path(thesis.op),
+            "commit": candidate.commit, "path": workspace.kept_path(thesis.op, sweep.hardware),
             "params": candidate.params, "axis": axis or None, "min": low, "max": high,
-            "geomean_speedup": candidate.geomean_speedup, "hardware": sweep.hardware,
+            "geomean_speedup": measured.geomean_speedup, "hardware": sweep.hardware,
             "thesis": thesis.pk, "author": thesis.author.get_username(),
             "reviewer": reviewer.get_username(), "kept_at": timezone.now().isoformat(timespec="seconds"),
+            # False: an imported win kept by two reviewers without a worker's measurement.
+            "verified": request is None,
         }
         try:
             merge = workspace.merge_build(
-                op=thesis.op, commit=candidate.commit, base=sweep.base_commit, entry=entry,
-                message=_merge_message(candidate, review, reviewer_identity),
+                op=thesis.op, hardware=sweep.hardware, commit=candidate.commit, base=sweep.base_commit,
+                entry=entry,
+                message=_merge_message(candidate, review, reviewer_identity, measured),
                 author=workspace.identity_of(thesis.author), reviewer=reviewer_identity,
             )
         except workspace.WorkspaceConflict as conflict:
             raise ValidationError(str(conflict), code="conflict") from conflict
         review.merge_commit = merge.commit
         review.save()
-        _notify(type="candidate.kept", review=review, candidate=candidate)
+        _notify(type="candidate.kept", review=review, candidate=candidate, measured=measured)
         transaction.on_commit(publish_queue_changed)
         workspace.publish([workspace.RefUpdate(workspace.MAIN, merge.commit, old=merge.previous_main)])
     return review

@@ -14,11 +14,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from config.ratelimit import rate_limited
-from research import workspace
+from research import provenance, workspace
+from research.hardware import HARDWARE
 from research.markdown import render_markdown
 from research.models import Candidate
 from reviews import charts, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
+from reviews.verification import lab_measurement, verification, verification_start
 from runners import ops
 
 QUEUE_PAGE = 200
@@ -29,7 +31,7 @@ CONFLICT_CODES = {"stale", "decided", "conflict", "not-waiting", "no-commit"}
 @require_GET
 def review_queue(request: HttpRequest) -> HttpResponse:
     form = QueueFilterForm(request.GET, choices=selectors.review_queue_filter_choices())
-    queue = selectors.review_queue(**form.filters())
+    queue = selectors.review_queue(**form.filters(request.user))
     template = "reviews/queue.html#queue-list" if request.htmx else "reviews/queue.html"
     return render(request, template, {
         "form": form, "candidates": queue[:QUEUE_PAGE], "waiting": queue.count(),
@@ -53,8 +55,14 @@ def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         try:
-            if data["decision"] == "keep":
+            if data["decision"] in ("keep", DecisionForm.CONFIRM_UNVERIFIED):
                 services.candidate_keep(
+                    candidate=candidate, reviewer=request.user, commit=data["commit"],
+                    comment=data["comment"], dispatch_min=data["dispatch_min"],
+                    dispatch_max=data["dispatch_max"], saw_hidden_characters=data["saw_hidden_characters"],
+                    confirm_unverified=data["decision"] == DecisionForm.CONFIRM_UNVERIFIED)
+            elif data["decision"] == DecisionForm.ASK_UNVERIFIED:
+                services.candidate_keep_unverified_request(
                     candidate=candidate, reviewer=request.user, commit=data["commit"],
                     comment=data["comment"], dispatch_min=data["dispatch_min"],
                     dispatch_max=data["dispatch_max"])
@@ -83,12 +91,32 @@ def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
                   status=status)
 
 
+@login_required
+@require_POST
+@rate_limited("candidate-verify")
+def candidate_verify(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    """Queue a worker's evaluation of an imported win (reviews.verification)."""
+    candidate = selectors.candidate_get(candidate_id)
+    try:
+        verification_start(candidate=candidate, requested_by=request.user)
+    except PermissionDenied as refusal:
+        return render(request, "reviews/candidate.html",
+                      {**_review_context(request, candidate), "verify_error": str(refusal)}, status=403)
+    except ValidationError as error:
+        return render(request, "reviews/candidate.html",
+                      {**_review_context(request, candidate), "verify_error": " ".join(error.messages)},
+                      status=422)
+    return redirect(candidate.get_absolute_url() + "#provenance")
+
+
 def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
     sweep = candidate.sweep
     if decided:
         return False, ""
     if candidate.verdict != "win" or candidate.status != Candidate.Status.DONE:
         return False, "Only an evaluated win waits for a decision."
+    if sweep.verifies_id:
+        return False, "This run verifies an imported candidate: decide on that one."
     if user.pk == sweep.thesis.author_id:
         return False, "You filed this thesis: a colleague must review its candidates."
     if user.pk == sweep.started_by_id:
@@ -98,14 +126,32 @@ def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
     return True, ""
 
 
+def _hidden_characters(candidate: Candidate) -> list[str]:
+    """What the keep will ask about (the service checks it again, failing closed): none
+    when the diff cannot be made, which the page reports on its own."""
+    try:
+        return selectors.candidate_hidden_characters(candidate)
+    except workspace.WorkspaceError:
+        return []
+
+
 def _decision_context(request: HttpRequest, candidate: Candidate, form: DecisionForm | None = None) -> dict:
     decision = selectors.candidate_decision(candidate)
     may_decide, why_not = _may_decide(request.user, candidate, decision is not None)
-    proposed = (candidate.result or {}).get("dispatch") or {}
+    imported = provenance.is_imported(candidate)
+    check = verification(candidate) if imported else None
+    # A verified import's range is proposed by the worker's run, never by the file.
+    proposed = (lab_measurement(candidate, check).result or {}).get("dispatch") or {}
     axis = proposed.get("axis") or selectors.workload_layout(candidate)[0]
     return {
         "candidate": candidate,
         "decision": decision,
+        # An imported win: where its verification stands, and any request to keep it unverified.
+        "imported": imported,
+        "verification": check,
+        "unverified_request": (candidate.unverified_requests.select_related("requested_by")
+                               .filter(revision=candidate.revision).first() if imported else None),
+        "hidden_characters": _hidden_characters(candidate) if may_decide or form else [],
         "may_decide": may_decide or form is not None,
         "why_not": why_not,
         "axis_name": (axis or "size").replace("_", " "),
@@ -127,8 +173,16 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
         shaded = {"min": decision.dispatch_min, "max": decision.dispatch_max,
                   "summary": f"kept for {decision.dispatch_text}"}
     evidence = thesis.evidence.summary if thesis.evidence else None
+    # Kernels are kept per hardware class: the machine to compare with is that class's.
+    kept = selectors.latest_kept(thesis.op, sweep.hardware, other_than=candidate)
+    machines = provenance.machine_rows((candidate.result or {}).get("machine"),
+                                       (kept.result or {}).get("machine") if kept else None)
     return {
         **context,
+        "provenance": provenance.describe(candidate),
+        "kept_candidate": kept,
+        "machine_rows": machines,
+        "machine_differs": [row.label for row in machines if row.differs],
         "sweep": sweep,
         "thesis": thesis,
         "diffs": selectors.candidate_diffs(candidate),
@@ -151,7 +205,9 @@ def op_detail(request: HttpRequest, op: str) -> HttpResponse:
     if op not in ops.list_ops():
         raise Http404(f"no op {op!r}")
     try:
-        dispatch = workspace.dispatch_table().get(op, [])
+        per_class = workspace.dispatch_table().get(op, {})
+        # Each hardware class keeps its own kernels, in the order the classes are listed.
+        dispatch = [(HARDWARE[key].label, per_class[key]) for key in HARDWARE if key in per_class]
     except workspace.WorkspaceError:
         dispatch = None  # not created yet: the first sweep or start creates it
     return render(request, "reviews/op.html", {

@@ -37,7 +37,7 @@ class AppProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / "launch.log"
-        env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+        env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SITE_URL"}}
         env.update(DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", **(extra_env or {}))
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.log_path.open("w")

@@ -18,7 +18,7 @@ from research.models import Sweep
 
 @contextmanager
 def cpu_worker() -> Iterator[None]:
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=["runner.cpu", "default"],
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=["runner.cpu", "default", "webhooks"],
                       shutdown_timeout=30):
         yield
 

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 from django.contrib.auth import get_user_model
 
 from research import services
+
+# Hypothesis (the API fuzz) keeps its caches, among them the constants it reads from our
+# source files with their paths, in ./.hypothesis unless told otherwise: a run leaves
+# nothing in the tree.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "kernel-lab-hypothesis"))
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ import os
 
 import pytest
 import schemathesis
+from django.contrib.auth.models import Permission
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
@@ -62,6 +63,8 @@ def no_rate_limits(settings):
 
 @pytest.fixture
 def token(user) -> str:
+    # Allowed to import too: the import's handling of bad files is what is tried here.
+    user.user_permissions.add(Permission.objects.get(codename="import_results"))
     return api_token_create(user=user, name="fuzz")[1]
 
 

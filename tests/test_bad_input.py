@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.urls import reverse
@@ -101,6 +102,8 @@ BAD_EVIDENCE = [
     ("trace.json.gz", gzip.compress(TRACE)[:100], "gzip data ends early"),
     ("trace.json", NUL_NAMED_TRACE, "NUL"),
     ("big.csv", NSYS_CSV + b" " * 4096, "the limit is 4 KB"),
+    # Deeper than Python's parser goes: a clear refusal, not a RecursionError (a 500).
+    ("trace.json", b"[" * 2000 + b"]" * 2000, "nest deeper than a trace's few levels"),
 ]
 
 
@@ -111,6 +114,8 @@ def small_evidence_limit(settings):
 
 @pytest.fixture
 def token(user) -> str:
+    # Allowed to import too: the import's handling of bad files is what is tried here.
+    user.user_permissions.add(Permission.objects.get(codename="import_results"))
     return api_token_create(user=user, name="bad-input")[1]
 
 
@@ -223,7 +228,7 @@ def _results_file(**header_overrides) -> bytes:
         "kernel_source": kernel_source, "strategy": "grid", "seed": 1, "budget": 1, "points": 1,
         "device": "cpu", "hardware": "test cpu", "dsl": "torch", "context_lengths": [64],
         "batch_sizes": [1], "time_budget_s": 0.1, "baseline_kernel": "kept",
-        "baseline_source": workspace.kept_kernel("rmsnorm").source,
+        "baseline_source": workspace.kept_kernel("rmsnorm", "cpu").source,
         "harness": {"version": "1", "commit": None, "torch": "x", "python": "3.11"},
         "started_at": "2026-11-30T00:00:00Z", **header_overrides,
     }
@@ -249,6 +254,10 @@ BAD_RESULTS = [
     (lambda: _results_file(context_lengths=list(range(1, 1001))), "at most 32 per evaluation"),
     (lambda: _results_file(hardware="h200\u0000"), "NUL"),
     (lambda: _results_file(kernel_source="\x00\x01binary"), "NUL"),
+    # Nesting Python's parser cannot follow, and nesting it can but no result has.
+    (lambda: _results_file() + b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+     "line 3: lists and objects nest deeper than 32 levels"),
+    (lambda: _results_file() + b"[" * 40 + b"]" * 40 + b"\n", "line 3: lists and objects nest deeper than 32 levels"),
 ]
 
 

@@ -11,7 +11,6 @@ are covered by tests/test_browser.py and tests/test_reviews_worker.py.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 
@@ -31,10 +30,11 @@ def app(tmp_path_factory):
 
 
 def _create_waiting_win(app: AppProcess) -> int:
-    """Runs in the app's own environment: its SQLite database, workspace and Redis."""
-    redis_url = re.search(r"Embedded Redis on (redis://\S+)", app.output()).group(1)
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
-    env.update(DATA_DIR=str(app.data_dir), REDIS_URL=redis_url)
+    """Runs as a command typed beside the quick start: only DATA_DIR says which
+    installation, and the launcher's state there gives its database, workspace, embedded
+    Redis (password included) and site URL (config.launcher_state)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SITE_URL"}}
+    env.update(DATA_DIR=str(app.data_dir))
     done = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c",
          "from tests.reviewing import create_waiting_win; print(create_waiting_win())"],
@@ -54,6 +54,10 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_context(base_url=app.url).new_page()
         page.set_default_timeout(30_000)
+        # The charts, htmx and the live queue all run under the pages' Content-Security-Policy.
+        refused = []
+        page.on("console", lambda message: refused.append(message.text)
+                if "Content Security Policy" in message.text else None)
         try:
             page.goto("/reviews/")
             page.fill("input[name=username]", username)
@@ -74,7 +78,7 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
             page.click(f"#queue-{candidate_id} a[href='/candidates/{candidate_id}/']")
             expect(page.locator("h1")).to_contain_text("rmsnorm")
             diff = page.locator("table.diff").first
-            expect(diff).to_have_attribute("data-path", "kernels/rmsnorm/kept.py")
+            expect(diff).to_have_attribute("data-path", "kernels/rmsnorm/cpu/kept.py")
             expect(diff.locator("tr.add").first).to_be_visible()
             expect(page.locator("#latency-chart .main-svg").first).to_be_attached()
             expect(page.locator("#speedup-chart .main-svg").first).to_be_attached()
@@ -95,6 +99,10 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
             assert kept[0]["text"][0].startswith("1-1: blocked block_rows=64")
             # The labelled star is drawn, not only in the data.
             expect(page.locator("#path-chart .textpoint text").first).to_contain_text("1-1: blocked")
+            # The API's own documentation page draws under the same policy.
+            page.goto("/api/docs")
+            expect(page.locator(".swagger-ui .opblock").first).to_be_visible()
+            assert refused == []
         finally:
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "browser-review-last-page.png"), full_page=True)

@@ -9,12 +9,14 @@ import io
 import json
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
 from research.evidence import (
+    MAX_TEXT_BYTES,
     MAX_TOP_KERNELS,
     EvidenceError,
     EvidenceSummary,
@@ -404,6 +406,58 @@ def test_a_gzip_file_that_expands_past_the_limit_is_refused() -> None:
 
     with pytest.raises(EvidenceError, match="gzip data expands past"):
         parse_evidence(bomb, max_bytes=len(bomb))
+
+
+def _peak_bytes(call) -> tuple[int, object]:
+    """The most memory Python held while `call` ran (tracemalloc), and what it raised."""
+    tracemalloc.start()
+    try:
+        call()
+        raised = None
+    except EvidenceError as error:
+        raised = error
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak, raised
+
+
+def test_json_amplifies_a_small_upload_into_many_objects_outside_the_parser() -> None:
+    # What the guard below stops: 3 bytes of `{},` become a dict of ~70 bytes once parsed.
+    text = "[" + "{}," * 300_000 + "{}]"
+    peak, _ = _peak_bytes(lambda: json.loads(text))
+    assert peak > 15 * len(text)
+
+
+def test_a_trace_of_empty_objects_is_refused_before_it_is_parsed_with_memory_bounded() -> None:
+    # The security review's upload: a few hundred KB of gzip that unpacks into ~16 million
+    # empty objects (48 MB of text, ~1.2 GB once parsed), under the text limit.
+    text = b"[" + b"{}," * 16_000_000 + b"{}]"
+    upload = gzip.compress(text, compresslevel=9)
+    assert len(upload) < 400_000
+    peak, raised = _peak_bytes(lambda: parse_evidence(upload))
+    assert raised is not None and "JSON values and separators; at most 2,500,000 are parsed" in str(raised)
+    # The text, its decoded copy, and nothing that grows with the values' count.
+    assert peak < 3 * len(text), f"{peak:,} bytes at the peak for {len(text):,} of text"
+
+
+def test_a_table_of_tiny_cells_is_refused_before_it_is_split_with_memory_bounded() -> None:
+    # 6 KB of gzip, 4 MB of one-character cells under an ncu header: ~235 MB once parsed.
+    header = next(line for line in NCU_FIXTURE.read_text().splitlines() if "Metric Name" in line)
+    text = (header + "\n" + ("a," * 19 + "a\n") * 100_000 * 2).encode()
+    upload = gzip.compress(text, compresslevel=9)
+    peak, raised = _peak_bytes(lambda: parse_evidence(upload))
+    assert raised is not None and "cells; at most 2,500,000 are read" in str(raised)
+    assert peak < 3 * len(text), f"{peak:,} bytes at the peak for {len(text):,} of text"
+    # Lines end where str.splitlines ends them, not only at "\n".
+    for mark in ("\r", "\x0b", "\u2028"):
+        with pytest.raises(EvidenceError, match="cells; at most"):
+            parse_evidence((header + "\n" + ("ab" + mark) * 3_000_000).encode())
+
+
+def test_a_gzip_upload_unpacks_to_at_most_the_text_limit_whatever_the_upload_limit() -> None:
+    bomb = gzip.compress(b" " * (MAX_TEXT_BYTES + 1))
+    with pytest.raises(EvidenceError, match="gzip data expands past 64 MB, the limit"):
+        parse_evidence(bomb, max_bytes=len(bomb) * 1000)
 
 
 # --- manage.py evidence -------------------------------------------------------------------

@@ -329,7 +329,8 @@ class WebSocket:
 
 
 def _daphne(tmp_path: Path, port: int, redis: RedisServer) -> Subprocess:
-    server = Subprocess([str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+    server = Subprocess([sys.executable, "-m", "config.serve", "-b", "127.0.0.1", "-p", str(port),
+                         "config.asgi:application"],
                         tmp_path / "daphne.log", REDIS_URL=redis.url)
 
     def serving() -> bool:
@@ -433,7 +434,7 @@ def test_a_webhook_receiver_that_is_down_for_a_while_gets_the_delivery_once_it_i
         def log_message(self, *args) -> None:
             pass
 
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=["default"], shutdown_timeout=30):
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=["webhooks"], shutdown_timeout=30):
         with transaction.atomic():  # as a decision does: the event commits with it
             webhook_services.webhook_event(type="candidate.kept", payload={"candidate": {"id": 7}})
         delivery = Delivery.objects.get(endpoint=endpoint)

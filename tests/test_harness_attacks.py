@@ -21,7 +21,7 @@ import torch
 
 from runners.harness import Limits, evaluate
 from runners.harness.dsl import kernel_dsl
-from runners.harness.hacks import catalog
+from runners.harness.hacks import catalog, op_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "tests" / "candidates"
@@ -38,8 +38,10 @@ ATTACKS = {
     "rmsnorm_fills_on_read.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_defers_to_timer.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_aliases_its_outputs.py": (2, "aliasing", ["shares memory with the output of call"], [64]),
-    "rmsnorm_rewrites_its_clock.py": (3, "clock", ["reported times disagree with the judge's clock"],
-                                      [4096]),
+    # At T=64 half a call is ~0.08 ms, inside one request's margin: caught because short
+    # calls are timed in batches.
+    "rmsnorm_rewrites_its_clock.py": (3, "clock", ["reported times disagree with the judge's clock",
+                                                   "the candidate's requests of"], [64]),
     "rmsnorm_more_threads_in_call.py": (4, "config", ["threads during a call"], [4096]),
     "rmsnorm_widens_cores_in_call.py": (4, "jail", ["sched_setaffinity"], [64]),
     "rmsnorm_writes_with_libc.py": (5, "jail", ["writing outside its directory",
@@ -92,8 +94,8 @@ DEMOS = {
         c = load(); runner.forward = c.forward
         runner.prepare("s", (x, weight, 1e-6))
         x.copy_(torch.randn(256, 1024))  # the next call's inputs, in the same tensor
-        runner.run("s")
-        assert not torch.allclose(runner.last_output, rmsnorm(x, weight))
+        runner.run(["s"])
+        assert not torch.allclose(runner.last_outputs[-1], rmsnorm(x, weight))
     """,
     "rmsnorm_works_on_resume.py": """
         import signal
@@ -101,21 +103,22 @@ DEMOS = {
         big = torch.randn(4096, 1024)
         runner = CpuRunner(no_counter); c = load(); runner.forward = c.forward
         runner.prepare("s", (big, weight, 1e-6))
-        honest = min(runner.run("s")[0] for _ in range(5))
+        honest = min(runner.run(["s"])[0] for _ in range(5))
         os.kill(os.getpid(), signal.SIGCONT)  # what the judge sends before a request
         time.sleep(0.2)
-        reported, _ = runner.run("s")
-        assert torch.allclose(runner.last_output, rmsnorm(big, weight))
+        reported, _ = runner.run(["s"])
+        assert torch.allclose(runner.last_outputs[-1], rmsnorm(big, weight))
         assert reported < honest / 5, (reported, honest)
     """,
     "rmsnorm_finishes_on_raw_thread.py": """
         import threading
         threads = threading.active_count()
+        expected = rmsnorm(x, weight)  # made first: the thread fills the output 5 ms after the call
         c = load(); out = c.forward(x, weight, 1e-6)
+        assert not torch.allclose(out, expected)
         assert threading.active_count() == threads
-        assert not torch.allclose(out, rmsnorm(x, weight))
         time.sleep(0.2)
-        assert torch.allclose(out, rmsnorm(x, weight))
+        assert torch.allclose(out, expected)
     """,
     "rmsnorm_fills_on_read.py": """
         c = load(); out = c.forward(x, weight, 1e-6)
@@ -143,7 +146,7 @@ DEMOS = {
         assert timing.CpuRunner.run is run  # the very object it was
         big = torch.randn(4096, 1024)
         runner.prepare("s", (big, weight, 1e-6))
-        started = time.perf_counter(); reported, _ = runner.run("s")
+        started = time.perf_counter(); reported, _ = runner.run(["s"])
         taken = (time.perf_counter() - started) * 1000
         assert reported < 0.6 * taken, (reported, taken)
     """,
@@ -207,7 +210,7 @@ DEMOS_CUDA = {
         big = torch.randn(65536, 4096, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
         runner.prepare("s", (big, w, 1e-6))
-        reported = min(runner.run("s")[0] for _ in range(5))
+        reported = min(runner.run(["s"])[0] for _ in range(5))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(); runner.slots["s"].replay(); end.record(); torch.cuda.synchronize()
         assert reported < 0.7 * start.elapsed_time(end), (reported, start.elapsed_time(end))
@@ -219,11 +222,11 @@ DEMOS_CUDA = {
         big = torch.randn(65536, 4096, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
         runner.prepare("s", (big, w, 1e-6))
-        reported, _ = runner.run("s")
+        reported, _ = runner.run(["s"])
         still_running = not torch.cuda.current_stream().query()
         torch.cuda.synchronize()
         assert still_running and reported < 0.05, reported  # an empty graph timed, work queued after
-        assert torch.allclose(runner.last_output.float(), rmsnorm(big, w).float(), atol=2e-2, rtol=2e-2)
+        assert torch.allclose(runner.last_outputs[-1].float(), rmsnorm(big, w).float(), atol=2e-2, rtol=2e-2)
     """,
 }
 
@@ -327,7 +330,7 @@ def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
     left.unlink(missing_ok=True)
     baseline = _baseline_digest()
     helpers = set(_helpers())
-    op = "rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk"
+    op = op_of(name)
     path = CANDIDATES / name
     result = evaluate(op, path, dsl=kernel_dsl(path), context_lengths=contexts,
                       time_budget_s=0.3, limits=LIMITS, seed=20261201)

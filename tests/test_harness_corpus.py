@@ -7,6 +7,7 @@ the CLI and the worker run it. Limits are small so that hangs and allocations en
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ import torch
 from runners.harness import Limits, evaluate
 from runners.harness.dsl import kernel_dsl
 from runners.harness.evaluate import _thread_count
-from runners.harness.hacks import catalog
-from runners.ops import get_op
+from runners.harness.hacks import catalog, op_of
+from runners.ops import get_op, list_ops
 from runners.space import materialize
 from tests.test_harness_attacks import ATTACKS, ATTACKS_CUDA
 
@@ -29,7 +30,9 @@ SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048], "dsa_indexer_topk_paged": 
 
 # file -> (guard that must fail, fragments of its detail)
 PLANTED = {
-    "rmsnorm_off_by_one.py": ("correctness", ["1,024 of 65,536 values differ", "got 0"]),
+    # Not "1,024 of": an element of the last row whose reference is within atol of 0
+    # matches the row left at zero (about 1 run in 100 draws one).
+    "rmsnorm_off_by_one.py": ("correctness", ["of 65,536 values differ", "worst at [63,", "got 0"]),
     "rmsnorm_partial_write.py": ("correctness", ["of 65,536"]),
     "rmsnorm_nan.py": ("correctness", ["1 of 65,536 output values are NaN or inf"]),
     "rmsnorm_wrong_dtype.py": ("correctness", ["output dtype is torch.float32, expected torch.bfloat16"]),
@@ -82,8 +85,10 @@ PLANTED = {
     "rmsnorm_predicts_inputs.py": ("correctness", ["values differ from the reference"]),
     "rmsnorm_reads_reference.py": ("correctness", ["values differ from the reference"]),
     "rmsnorm_drifts_after_check.py": ("timed-outputs", ["values differ from the reference", "timed call #"]),
-    "rmsnorm_compiles_per_shape.py": ("first-call", ["first call at t=", "and as much at another new size",
+    "rmsnorm_compiles_per_shape.py": ("first-call", ["first call at t=", "and as much at another new token count",
                                                       "a serving engine pays every step"]),
+    # Its shapes never change inside a bucket, its lengths do: both new lengths pay.
+    "dsa_paged_compiles_per_length.py": ("first-call", ["first call at ctx", "(by context length)"]),
     "rmsnorm_tampers_evaluator.py": ("evaluator-intact", ["runners.harness.wire.write_message"]),
     "rmsnorm_sabotages_baseline.py": ("sandbox", ["writing outside its directory",
                                                   "runners/ops/rmsnorm/baseline.py"]),
@@ -97,16 +102,16 @@ PLANTED_CUDA = {
     "rmsnorm_breaks_capture.py": ("cuda-graph", ["captur"]),
     "rmsnorm_side_stream.py": ("cuda-graph", ["captur"]),
     "rmsnorm_persisting_l2.py": ("config", ["persisting-L2 limit (bytes): 0 → "]),
+    # tests/test_ops_paged.py shows it right eagerly and wrong on a replay with new lengths.
+    "dsa_paged_bakes_captured_lengths.py": ("cuda-graph", ["right when captured on its own inputs"]),
 }
-CUDA_SMALL = {"rmsnorm": [1024], "dsa_indexer_topk": [4096]}
+CUDA_SMALL = {"rmsnorm": [1024], "dsa_indexer_topk": [4096], "dsa_indexer_topk_paged": [4096]}
 
-CORRECT = ["rmsnorm_correct_functional.py", "rmsnorm_correct_rows.py", "dsa_correct_per_head.py"]
+CORRECT = ["rmsnorm_correct_functional.py", "rmsnorm_correct_rows.py", "dsa_correct_per_head.py",
+           # Compiled per shape, which the paged op buckets: once a bucket, as a server pays.
+           "dsa_paged_correct_compiles_per_bucket.py"]
 
 
-def _op_of(name: str) -> str:
-    if name.startswith("dsa_paged"):
-        return "dsa_indexer_topk_paged"
-    return "rmsnorm" if name.startswith("rmsnorm") else "dsa_indexer_topk"
 
 
 def _evaluate(path: Path, op: str, device: str = "cpu"):
@@ -150,7 +155,7 @@ def test_the_catalog_names_a_guard_for_every_known_hack():
 @pytest.mark.parametrize(("name", "guard", "fragments"),
                          [(name, guard, fragments) for name, (guard, fragments) in PLANTED_CUDA.items()])
 def test_a_gpu_hack_is_rejected_for_its_reason(name, guard, fragments):
-    result = _evaluate(CANDIDATES / name, _op_of(name), device="cuda")
+    result = _evaluate(CANDIDATES / name, op_of(name), device="cuda")
     assert result.verdict == "rejected"
     failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
     assert guard in failing, result.guards
@@ -161,7 +166,7 @@ def test_a_gpu_hack_is_rejected_for_its_reason(name, guard, fragments):
 @pytest.mark.parametrize(("name", "guard", "fragments"),
                          [(name, guard, fragments) for name, (guard, fragments) in PLANTED.items()])
 def test_a_planted_bug_is_rejected_for_its_reason(name, guard, fragments):
-    result = _evaluate(CANDIDATES / name, _op_of(name))
+    result = _evaluate(CANDIDATES / name, op_of(name))
     assert result.verdict == "rejected"
     failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
     assert guard in failing, result.guards
@@ -186,7 +191,7 @@ def test_a_write_outside_its_directory_never_reaches_the_disk():
 
 @pytest.mark.parametrize("name", CORRECT)
 def test_a_correct_candidate_in_another_style_passes(name):
-    result = _evaluate(CANDIDATES / name, _op_of(name))
+    result = _evaluate(CANDIDATES / name, op_of(name))
     assert result.correct is True, result.guards
     assert result.verdict in ("no-gain", "win"), [g for g in result.guards if g.status == "fail"]
     assert all(w.candidate_ms and w.candidate_ms > 0 for w in result.workloads)
@@ -206,3 +211,32 @@ def test_the_ops_own_kernels_pass_at_several_space_points(op_name, point, tmp_pa
     assert result.verdict != "rejected", [g for g in result.guards if g.status == "fail"]
     assert result.params == point | {key: value for key, value in result.params.items()
                                      if key not in point}
+
+
+def _red_team():
+    spec = importlib.util.spec_from_file_location("red_team", CANDIDATES.parents[1] / "scripts" / "red_team.py")
+    red_team = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(red_team)
+    return red_team
+
+
+def test_a_legit_candidate_rejected_only_by_first_call_beside_others_is_judged_again_alone():
+    red_team = _red_team()
+    name = "rmsnorm_correct_rows.py"
+    shared = {"file": name, "verdict": "rejected", "failed": {"first-call": "first call at t=67: 85 ms"}}
+    found = red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), shared, "cpu")
+    assert found["verdict"] != "rejected", found
+    assert found["shared"] == {"verdict": "rejected", "failed": shared["failed"]}
+    # Another guard's rejection stands as it was: only first-call's figures move with sharing.
+    clock = {**shared, "failed": {"clock": "reported times disagree"}}
+    assert red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), clock, "cpu") is clock
+
+
+def test_every_known_rejection_of_the_red_team_is_a_shipped_kernel():
+    """The red team expects these rejections; a name that no op ships would expect nothing."""
+    red_team = _red_team()
+    shipped = {path.name for name in list_ops() for path in get_op(name).kernels().values()}
+    guards = {guard for hack in catalog() for guard in hack.guards}
+    for device, known in red_team.KNOWN_REJECTIONS.items():
+        assert set(known) <= shipped, (device, set(known) - shipped)
+        assert set(known.values()) <= guards, device

@@ -172,6 +172,28 @@ def test_a_candidate_that_wins_small_sizes_only_gets_a_dispatch_range_for_them(t
     assert result.dispatch["new_size_first_call_ms"] >= inside.first_call_ms > 0
 
 
+def test_a_paged_win_says_the_shape_buckets_it_was_called_through(tmp_path, monkeypatch):
+    op = get_op("dsa_indexer_topk_paged")
+    honest = op.baseline_path
+    slow = tmp_path / "slow.py"  # the kept kernel, 20 ms slower a call
+    slow.write_text(honest.read_text() + textwrap.dedent("""
+        import time
+
+        _fast = forward
+
+
+        def forward(*args):
+            time.sleep(0.02)
+            return _fast(*args)
+    """))
+    monkeypatch.setattr(type(op), "baseline_path", property(lambda op: slow))
+    result = evaluate("dsa_indexer_topk_paged", honest, context_lengths=[2048], time_budget_s=0.1,
+                      limits=Limits(import_s=20, call_s=20, memory_bytes=1024 * 2**20))
+    assert result.verdict == "win", [guard for guard in result.guards if guard.status != "pass"]
+    assert result.dispatch["shape_buckets"] == {"context_length": 2048, "batch": 4}
+    assert result.dispatch["summary"].endswith("called through shape buckets of 2,048 tokens and 4 sequences")
+
+
 def test_params_seed_and_threads_are_reported_and_the_judge_keeps_its_threads():
     chunked = get_op("dsa_indexer_topk").kernels()["chunked_topk"]
     before = torch.get_num_threads()

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from research import selectors, workspace
+from research import provenance, selectors, workspace
 from research.api_tokens import api_token_create, api_token_revoke
 from research.models import ApiToken, Candidate, Event, Evidence, Measurement, Sweep, Thesis
 from runners import space
@@ -139,8 +141,14 @@ def test_the_command_imports_a_sweep_with_its_candidates_measurements_and_events
         assert candidate.measurements.count() == 2 and candidate.guards.exists()
         # Committed into the workspace as sweep_start does: its branch, forked from main.
         assert workspace.branches("candidate/")[candidate.branch] == candidate.commit
-        assert workspace.read_file(candidate.commit, workspace.kept_path("rmsnorm")) == candidate.source
+        assert workspace.read_file(candidate.commit, workspace.kept_path("rmsnorm", "cpu")) == candidate.source
         assert workspace.is_ancestor(sweep.base_commit, candidate.commit)
+        assert candidate.provenance == {
+            "by": "import", "imported_by": "ada", "through": "the import_results command", "host": None,
+            "claimed_host": _lines(results_path)[0]["machine"]["host"], "run": _lines(results_path)[0]["run"],
+            "harness_commit": _lines(results_path)[0]["harness"]["commit"]}
+        # The harness reports the machine beside every result.
+        assert candidate.result["machine"]["cores"] == os.cpu_count()
     events = list(Event.objects.filter(sweep=sweep))
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     types = [e.type for e in events]
@@ -159,6 +167,26 @@ def test_importing_the_same_file_twice_is_refused_and_writes_nothing_more(result
     assert error.value.returncode == 2
     assert f"already imported as sweep {Sweep.objects.get().pk}" in str(error.value)
     assert (Sweep.objects.count(), Candidate.objects.count(), Event.objects.count()) == counts
+
+
+def test_the_same_results_under_another_run_id_or_spelling_are_refused_too(results_path, thesis, user, tmp_path):
+    call_command("import_results", str(results_path), thesis=thesis.pk, user=user.username)
+    header, *lines = [json.loads(line) for line in results_path.read_text().splitlines()]
+    renamed = tmp_path / "renamed.jsonl"
+    # A new run id and start time, keys in another order, other spacing: the same results.
+    renamed.write_text("\n".join(json.dumps(dict(reversed(list(record.items()))), indent=None, separators=(", ", ": "))
+                                  for record in [{**header, "run": "another-run", "started_at": "2026-12-01T09:00:00Z"},
+                                                 *lines]) + "\n")
+    assert renamed.read_bytes() != results_path.read_bytes()
+    with pytest.raises(CommandError, match="already imported as sweep"):
+        call_command("import_results", str(renamed), thesis=thesis.pk, user=user.username)
+    # One changed measurement is another result, and imports.
+    changed = tmp_path / "changed.jsonl"
+    first = lines[0]
+    first["result"]["guards"] = [*first["result"]["guards"], {"name": "note", "status": "warn", "detail": "re-run"}]
+    changed.write_text("\n".join(json.dumps(record) for record in [header, *lines]) + "\n")
+    call_command("import_results", str(changed), thesis=thesis.pk, user=user.username)
+    assert Sweep.objects.count() == 2
 
 
 def _truncated(path: Path, tmp_path: Path) -> Path:
@@ -204,8 +232,7 @@ def test_a_bad_file_is_refused_naming_the_line_and_nothing_is_written(
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"op": "dsa_indexer_topk", "context_lengths": [], "batch_sizes": []},
      "the results are for op 'rmsnorm'; thesis #{id} is about 'dsa_indexer_topk'"),
-    ({"required_dsl": "triton"}, "kernel 'blocked' is written in torch and was evaluated as torch; "
-                                 "thesis #{id} requires triton"),
+    ({"required_dsl": "triton"}, "kernel 'blocked' was evaluated as torch; thesis #{id} requires triton"),
     ({"context_lengths": [64, 256]}, "the results cover workloads t=64,dtype=float32, t=64,dtype=bfloat16"),
 ])
 def test_a_file_that_does_not_fit_the_thesis_is_refused(results_path, make_thesis, user, overrides, message):
@@ -220,8 +247,63 @@ def test_a_file_that_does_not_fit_the_thesis_is_refused(results_path, make_thesi
 def test_results_timed_against_a_kernel_never_kept_are_refused(results_path, thesis, user, tmp_path):
     lines = _lines(results_path)
     lines[0]["baseline_source"] += "\n# a local edit\n"
-    with pytest.raises(CommandError, match="never the kept kernel on main"):
+    with pytest.raises(CommandError, match="never the kept kernel of cpu on main"):
         call_command("import_results", str(_write(tmp_path, lines)), thesis=thesis.pk, user=user.username)
+    assert _nothing_written()
+
+
+# The forged win of the security review: a pure-torch kernel that turns on TF32, its file
+# named as a Triton kernel, its result lines claiming every guard passed.
+TF32 = "\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
+
+
+def _forged(path: Path, tmp_path: Path, *, kernel: str, dsl: str, added: str) -> Path:
+    lines = _lines(path)
+    header = lines[0]
+    header.update(kernel=kernel, dsl=dsl, kernel_source=header["kernel_source"] + added)
+    for line in lines[1:]:
+        line["source"] = space.materialize(header["kernel_source"], line["params"])
+        line["result"]["guards"] = [{"name": "required-dsl", "status": "pass", "detail": "trust me"},
+                                    {"name": "protected-settings", "status": "pass", "detail": "trust me"}]
+    return _write(tmp_path, lines)
+
+
+def test_the_forged_kernel_changes_a_setting_the_harness_holds_fixed_when_run(results_path, tmp_path):
+    forged = _forged(results_path, tmp_path, kernel="blocked", dsl="torch", added=TF32)
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(json.loads(forged.read_text().splitlines()[1])["source"])
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch, runpy, sys; before = torch.backends.cuda.matmul.allow_tf32; "
+         "runpy.run_path(sys.argv[1]); print(before, torch.backends.cuda.matmul.allow_tf32)", str(kernel)],
+        capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize(("required_dsl", "kernel", "message"), [
+    # Named and declared Triton, launching no Triton kernel: the DSL check a worker runs.
+    ("triton", "blocked_triton", "candidate 1 fails the required-dsl check a worker runs: does not import triton"),
+    # Honest about being torch, but TF32 on: protected-settings against the kept kernel.
+    ("torch", "blocked", "candidate 1 fails the protected-settings check a worker runs: the candidate "
+                         "changes what the harness holds fixed"),
+])
+def test_an_import_runs_the_static_checks_again_and_refuses_a_forged_pass(
+        results_path, make_thesis, user, tmp_path, required_dsl, kernel, message):
+    forged_thesis = make_thesis(context_lengths=[64], batch_sizes=[1], required_dsl=required_dsl)
+    forged = _forged(results_path, tmp_path, kernel=kernel, dsl=required_dsl, added=TF32)
+    with pytest.raises(CommandError) as error:
+        call_command("import_results", str(forged), thesis=forged_thesis.pk, user=user.username)
+    assert error.value.returncode == 2 and message in str(error.value)
+    assert _nothing_written()
+
+
+def test_a_results_file_of_empty_objects_is_refused_before_it_is_parsed(results_path, thesis, user, tmp_path):
+    # 12 MB of `{},` would be ~300 MB of dicts once parsed; the count is taken first.
+    header = results_path.read_text().splitlines()[0]
+    amplified = tmp_path / "amplified.jsonl"
+    amplified.write_text(header + '\n{"number": 1, "params": {}, "source": "x", "result": [' + "{}," * 4_000_000
+                         + "{}]}\n")
+    with pytest.raises(CommandError, match="JSON values and separators; at most 4,000,000 are read"):
+        call_command("import_results", str(amplified), thesis=thesis.pk, user=user.username)
     assert _nothing_written()
 
 
@@ -237,17 +319,25 @@ def test_the_command_refuses_an_unknown_thesis_or_user_in_one_line(results_path,
 
 @pytest.fixture
 def token(user) -> str:
-    return api_token_create(user=user, name="h200-box")[1]
+    """A person's token, without the permission to import."""
+    return api_token_create(user=user, name="laptop")[1]
+
+
+@pytest.fixture
+def host_token(user) -> str:
+    """A GPU host's token: it can import and do nothing else."""
+    return api_token_create(user=user, name="h200 box", host="h200-box-1")[1]
 
 
 def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_the_api_imports_a_results_file_and_serves_the_sweep(client, results_path, thesis, token, published):
+def test_the_api_imports_a_results_file_and_serves_the_sweep(client, results_path, thesis, token, host_token,
+                                                            published):
     url = f"/api/theses/{thesis.pk}/results"
     response = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson",
-                           headers=_auth(token))
+                           headers=_auth(host_token))
     assert response.status_code == 201, response.content
     body = response.json()
     sweep = Sweep.objects.get()
@@ -255,19 +345,51 @@ def test_the_api_imports_a_results_file_and_serves_the_sweep(client, results_pat
     assert [c["number"] for c in body["candidates"]] == [1, 2]
     assert body["candidates"][0]["branch"] == f"candidate/{sweep.pk}-1"
     assert [m["type"] for m in published][-1] == "sweep.finished"
-    again = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson", headers=_auth(token))
+    again = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson",
+                        headers=_auth(host_token))
     assert again.status_code == 409 and again.json()["sweep"] == sweep.pk
     assert Sweep.objects.count() == 1
     fetched = client.get(f"/api/sweeps/{sweep.pk}", headers=_auth(token))
     assert fetched.status_code == 200 and fetched.json()["total"] == 2
     listed = client.get(f"/api/theses/{thesis.pk}", headers=_auth(token)).json()
     assert [s["id"] for s in listed["sweeps"]] == [sweep.pk]
+    # Every result names the host of the token it came with, and who owns that token.
+    for candidate in sweep.candidates.all():
+        assert candidate.provenance["by"] == "import" and candidate.provenance["host"] == "h200-box-1"
+        assert candidate.provenance["imported_by"] == "ada"
+        assert candidate.provenance["run"] == _lines(results_path)[0]["run"]
+        assert provenance.describe(candidate) == "imported by ada from h200-box-1, not reproduced here"
 
 
-def test_the_api_refuses_a_bad_results_file_with_422_naming_the_line(client, results_path, thesis, token, tmp_path):
+def test_importing_needs_a_host_token_or_the_permission(client, results_path, thesis, user, token):
+    # The forged win of the security review came from an ordinary account's token.
+    url = f"/api/theses/{thesis.pk}/results"
+    refused = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson",
+                          headers=_auth(token))
+    assert refused.status_code == 403 and "research.import_results" in refused.json()["detail"]
+    assert _nothing_written()
+    user.user_permissions.add(Permission.objects.get(codename="import_results"))
+    allowed = client.post(url, results_path.read_bytes(), content_type="application/x-ndjson",
+                          headers=_auth(token))
+    assert allowed.status_code == 201, allowed.content
+    candidate = Sweep.objects.get().candidates.first()
+    assert candidate.provenance["host"] is None and candidate.provenance["through"].startswith("API token laptop")
+    assert provenance.describe(candidate).startswith("imported by ada from a host that calls itself ")
+
+
+def test_a_host_token_can_only_import(client, thesis, host_token):
+    for response in (client.get(f"/api/theses/{thesis.pk}", headers=_auth(host_token)),
+                     client.post("/api/theses", {"title": "x"}, headers=_auth(host_token))):
+        assert response.status_code == 403
+        assert "is the token of GPU host 'h200-box-1': it can only import results" in response.json()["detail"]
+    assert Thesis.objects.count() == 1
+
+
+def test_the_api_refuses_a_bad_results_file_with_422_naming_the_line(client, results_path, thesis, host_token,
+                                                                     tmp_path):
     response = client.post(f"/api/theses/{thesis.pk}/results",
                            _truncated(results_path, tmp_path).read_bytes(),
-                           content_type="application/x-ndjson", headers=_auth(token))
+                           content_type="application/x-ndjson", headers=_auth(host_token))
     assert response.status_code == 422
     assert response.json()["detail"].startswith("line 3: not valid JSON")
     assert _nothing_written()
@@ -280,7 +402,7 @@ def test_a_missing_invalid_or_revoked_token_is_401(client, thesis, user, token):
     assert client.get(url, headers={"Authorization": f"Token {token}"}).status_code == 401
     ok = client.get(url, headers=_auth(token))
     assert ok.status_code == 200 and ok.json()["kept_kernel"]["name"]
-    row = ApiToken.objects.get()
+    row = ApiToken.objects.get(name="laptop")
     assert row.last_used_at is not None and row.prefix == token[:11] and token not in row.key_hash
     api_token_revoke(token=row, revoked_by=user)
     assert client.get(url, headers=_auth(token)).status_code == 401

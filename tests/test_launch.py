@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
+from django.conf import settings
 
+from bench._common import post_mebibytes
+from config import launcher_state
 from tests.app_process import AppProcess
 
 
@@ -28,6 +35,8 @@ def test_it_comes_up_on_the_embedded_defaults_and_stops_cleanly_on_ctrl_c(app):
     app.wait_until_up()
     output = app.output()
     assert "Embedded Redis on redis://127.0.0.1:" in output
+    password = (app.data_dir / "redis" / "redis.conf").read_text().split()[1]
+    assert password not in output  # shown nowhere, the launcher's lines and the workers' banners alike
     redis_port = int(output.split("Embedded Redis on redis://127.0.0.1:")[1].split("/")[0])
     assert _port_open(redis_port)
     assert "username: admin" in output and "password: " in output
@@ -39,9 +48,31 @@ def test_it_comes_up_on_the_embedded_defaults_and_stops_cleanly_on_ctrl_c(app):
     with urllib.request.urlopen(f"{app.url}/static/django_htmx/htmx-2.min.js") as response:
         assert response.status == 200
 
+    # Daphne hands no body over the cap to Django: 413, before any view or parser reads it.
+    too_large = urllib.request.Request(f"{app.url}/api/theses/1/results", data=b"x" * (settings.REQUEST_MAX_BYTES + 1),
+                                       method="POST", headers={"Content-Type": "application/x-ndjson"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(too_large)
+    assert refused.value.code == 413 and b"the most this server reads" in refused.value.read()
+    # Far over it, declared or chunked: dropped as it arrives, then 413.
+    assert post_mebibytes(app.url, 200, declared=True) == 413
+    assert post_mebibytes(app.url, settings.REQUEST_MAX_BYTES // (1 << 20) + 2, declared=False) == 413
+    # Under the cap, the app answers (here: the token is missing).
+    assert post_mebibytes(app.url, 1, declared=True) == 401
+    # Every page says where its scripts may come from.
+    with urllib.request.urlopen(f"{app.url}/login/") as response:
+        assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+
+    # Commands run by hand find this installation's Redis and site URL (its real port).
+    state = app.data_dir / "launcher.json"
+    assert state.stat().st_mode & 0o777 == 0o600
+    assert launcher_state.read(app.data_dir)["site_url"] == app.url
+    assert f"127.0.0.1:{redis_port}/0" in launcher_state.read(app.data_dir)["redis_url"]
+
     assert app.interrupt() == 0
     assert "Stopped." in app.output()
     assert not _port_open(app.port) and not _port_open(redis_port)
+    assert not state.exists()
 
 
 def test_killing_the_launcher_outright_takes_its_processes_with_it(app):
@@ -53,3 +84,72 @@ def test_killing_the_launcher_outright_takes_its_processes_with_it(app):
     while (_port_open(app.port) or _port_open(redis_port)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _port_open(app.port) and not _port_open(redis_port)
+
+
+def test_the_embedded_redis_asks_for_a_password_no_other_user_can_read(tmp_path):
+    import stat
+
+    import redis
+
+    from config.embedded_redis import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    try:
+        assert redis.Redis.from_url(url).ping()
+        # The port is reachable by anyone on the machine; without the password it answers nothing.
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=server.port).ping()
+        redis.Redis.from_url(url).set("queued", "an evaluation")
+        assert server.password not in open(f"/proc/{server.process.pid}/cmdline", "rb").read().decode()
+        assert server.password not in server.address
+        folder = tmp_path / "redis"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        made = [path for path in folder.rglob("*") if path.is_file()]
+        assert {path.name for path in made} >= {"redis.conf", "redis.log"}
+        assert all(stat.S_IMODE(path.stat().st_mode) & 0o077 == 0 for path in made), \
+            {path.name: oct(path.stat().st_mode) for path in made}
+    finally:
+        server.stop()
+    # A second start makes a new password; the old one no longer opens it.
+    again = EmbeddedRedis(tmp_path / "redis", port=server.port)
+    new_url = again.start()
+    try:
+        assert new_url != url and redis.Redis.from_url(new_url).get("queued") == b"an evaluation"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(url).ping()
+    finally:
+        again.stop()
+
+
+def test_a_launcher_that_is_gone_leaves_nothing_that_points_at_its_servers(tmp_path):
+    launcher_state.write(tmp_path, site_url="http://127.0.0.1:8123", redis_url="redis://:pw@127.0.0.1:1/0")
+    assert launcher_state.read(tmp_path)["site_url"] == "http://127.0.0.1:8123"  # this process wrote it
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    state = json.loads((tmp_path / launcher_state.FILE).read_text())
+    (tmp_path / launcher_state.FILE).write_text(json.dumps({**state, "pid": int(gone.stdout)}))
+    assert launcher_state.read(tmp_path) == {}
+    (tmp_path / launcher_state.FILE).write_text("not json")
+    assert launcher_state.read(tmp_path) == {}
+
+
+def test_the_launchers_state_is_trusted_only_as_its_owners_private_file(tmp_path):
+    path = launcher_state.write(tmp_path, site_url="http://127.0.0.1:8123", redis_url=None)
+    assert path.stat().st_mode & 0o777 == 0o600 and launcher_state.read(tmp_path)
+    path.chmod(0o644)  # readable by others: someone could have written it, and read the password
+    assert launcher_state.read(tmp_path) == {}
+    # A link planted at its name is replaced by the next write, never written through.
+    path.unlink()
+    target = tmp_path / "elsewhere"
+    target.write_text("keep me")
+    path.symlink_to(target)
+    assert launcher_state.read(tmp_path) == {}
+    launcher_state.write(tmp_path, site_url="http://127.0.0.1:8123", redis_url=None)
+    assert target.read_text() == "keep me" and not path.is_symlink()
+    # Removing it leaves another launcher's file alone.
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "pid": 1}))
+    path.chmod(0o600)
+    launcher_state.remove(tmp_path)
+    assert path.exists()

@@ -18,6 +18,7 @@ from research.models import Event, Sweep
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")
 
 
 @sync_to_async
@@ -37,7 +38,7 @@ def _sweep_with_events(count: int) -> tuple[Sweep, bytes]:
 
 
 async def _connect(sweep: Sweep, cookie: bytes | None, origin=ORIGIN) -> WebsocketCommunicator:
-    headers = [origin] + ([(b"cookie", cookie)] if cookie else [])
+    headers = [origin, HOST] + ([(b"cookie", cookie)] if cookie else [])
     return WebsocketCommunicator(application, f"/ws/sweeps/{sweep.pk}/", headers=headers)
 
 

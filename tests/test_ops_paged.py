@@ -183,3 +183,78 @@ def test_the_baseline_against_itself_is_no_gain(name):
     assert result.correct is True
     assert result.verdict == "no-gain", [(g.name, g.detail) for g in result.guards if g.status == "fail"]
 
+
+
+BAKES = ROOT / "tests" / "candidates" / "dsa_paged_bakes_captured_lengths.py"
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="a CUDA-graph replay: needs CUDA to play it")
+
+
+def test_a_kernel_that_plans_on_the_host_is_right_whenever_it_runs_eagerly():
+    """What it gets wrong is only a graph's: run eagerly it reads the lengths every call."""
+    forward = _forward(BAKES)
+    for seed in (3, 4):
+        op, _, inputs, scores = _case("dsa_indexer_topk_paged", seed=seed)
+        assert op.check(forward(*inputs.values()), scores, inputs)[0]
+
+
+def _cuda_inputs(seed: int) -> tuple:
+    op = get_op("dsa_indexer_topk_paged")
+    workload = op.workloads("cuda", [4096], [64])[0]
+    assert workload.params["mix"] == "mixed"
+    return op, op.make_inputs(workload, seed, "normal")
+
+
+@NEEDS_CUDA
+def test_a_kernel_that_plans_on_the_host_is_wrong_when_its_graph_is_replayed_with_new_lengths():
+    forward = _forward(BAKES)
+    op, captured = _cuda_inputs(3)
+    _, replayed = _cuda_inputs(4)
+    assert not torch.equal(captured["context_lens"], replayed["context_lens"])
+    buffers = {key: value.clone() if isinstance(value, torch.Tensor) else value
+               for key, value in captured.items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward(*buffers.values())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = forward(*buffers.values())
+    graph.replay()
+    assert op.check(output, op.reference(captured), captured)[0]
+    for key, value in replayed.items():  # a server's next step: new lengths, same buffers
+        if isinstance(value, torch.Tensor):
+            buffers[key].copy_(value)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not op.check(output, op.reference(replayed), replayed)[0]
+    assert op.check(forward(*replayed.values()), op.reference(replayed), replayed)[0]
+
+
+@NEEDS_CUDA
+def test_a_kernel_that_bakes_the_captured_lengths_fails_the_cuda_graph_guard():
+    result = evaluate("dsa_indexer_topk_paged", BAKES, context_lengths=[4096], device="cuda",
+                      time_budget_s=0.2, limits=Limits(import_s=60, call_s=90), seed=20261201)
+    assert result.verdict == "rejected", result.guards
+    failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    assert "cuda-graph" in failing and "correctness" not in failing, failing
+    for fragment in ("right when captured on its own inputs", "is replayed on the inputs of",
+                     "context_lens", "block_table differs"):
+        assert fragment in failing["cuda-graph"], failing["cuda-graph"]
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_shapes_are_the_length_buckets_so_lengths_inside_one_change_no_shape(name):
+    """A server sizes its table and cache for a bucket of lengths: a new length inside it
+    is new values in the same tensors, one past it is new shapes."""
+    op = get_op(name)
+    shapes = {}
+    for context in (2048, 1901, 2049):
+        for workload in op.workloads("cpu", [context], [8]):
+            inputs = op.make_inputs(workload, 3, "normal")
+            shapes.setdefault(context, []).append(
+                {key: tuple(value.shape) for key, value in inputs.items() if isinstance(value, torch.Tensor)})
+            assert int(inputs["context_lens"].max()) == context
+    assert shapes[1901] == shapes[2048] != shapes[2049]
+    assert {w.params["bucket"] for w in op.workloads("cpu", [2049], [8])} == {4096}

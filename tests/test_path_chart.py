@@ -94,3 +94,26 @@ def test_the_thesis_op_and_team_pages_embed_the_path(client, people, workspace_d
         html = client.get(url).content.decode()
         assert 'id="path-figure"' in html and "data-links" in html, url
     assert client.get("/ops/nope/").status_code == 404
+
+
+def test_text_users_wrote_is_shown_as_text_not_rendered_as_markup():
+    """Plotly renders a subset of HTML in labels and hover text: a kernel name or thesis
+    title with a link, a style or a line break must show as the characters it is."""
+    from reviews.charts import speedup_figure
+    from reviews.selectors import WorkloadRow
+
+    title = '<a href="https://evil.example/">click</a><br><span style="font-size:99px">x</span>'
+    figure = path_figure([_point(1, 1.4, "kept", label=title) | {"thesis": title}])
+    kept = _trace(figure, "kept")
+    assert "<" not in kept["text"][0] and kept["text"][0].startswith("1-1: &lt;a href=")
+    assert kept["customdata"][0][3] == title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert kept["customdata"][0][0] == "/candidates/1/"  # the link the page's script follows is ours
+    row = WorkloadRow(name="<b>w</b>", size=None, group="<i>g</i>", baseline_ms=1.0, baseline_ci=None,
+                      candidate_ms=0.5, candidate_ci=None, speedup=2.0, speedup_ci=None, significant=True,
+                      p_value=1e-6, roofline_fraction=None, noise_floor=None)
+    figure = speedup_figure([row], None, None)
+    assert figure["data"][0]["x"] == ["&lt;b&gt;w&lt;/b&gt;"]
+    assert figure["data"][0]["name"] == "speedup (&lt;i&gt;g&lt;/i&gt;)"
+    sized = WorkloadRow(**{**row.__dict__, "size": 64})
+    figure = speedup_figure([sized], "tokens", {"min": 64, "max": 64, "summary": "<img src=x>"})
+    assert figure["layout"]["annotations"][0]["text"].endswith("&lt;img src=x&gt;")

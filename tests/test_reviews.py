@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 
 from research import services as research_services
 from research import workspace
+from research.models import Candidate, GuardFinding
 from runners.ops import get_op
 from reviews import selectors, services
+from reviews.diffs import hidden_characters, render_diff
 from reviews.models import Review
 from tests.reviewing import make_reviewer, make_thesis, record, recorded_result, start_sweep
 from tests.reviewing import no_enqueue, people, waiting_win, workspace_dir  # noqa: F401  (fixtures)
@@ -116,13 +119,40 @@ def test_keeping_merges_the_branch_into_main_with_the_author_the_trailer_and_the
     assert merge["message"].rstrip().endswith("Reviewed-by: Grace Reviewer <grace@example.com>")
     assert "Checked the bf16 rows." in merge["message"]
 
-    assert workspace.read_file("main", "kernels/rmsnorm/kept.py") == waiting_win.source
-    entry, baseline = json.loads(workspace.read_file(review.merge_commit, "dispatch.json"))["rmsnorm"]
+    assert workspace.read_file("main", "kernels/rmsnorm/cpu/kept.py") == waiting_win.source
+    entry, baseline = json.loads(workspace.read_file(review.merge_commit, "dispatch.json"))["rmsnorm"]["cpu"]
     assert entry["commit"] == waiting_win.commit and entry["candidate"] == waiting_win.label
     assert (entry["axis"], entry["min"], entry["max"]) == ("tokens", 64, 128)
     assert entry["reviewer"] == "grace" and entry["author"] == "ada"
     assert baseline["kernel"] == "baseline"
     assert waiting_win not in selectors.review_queue()
+
+
+def test_a_keep_on_one_hardware_class_leaves_every_other_classs_kernel_alone(people, workspace_dir,
+                                                                          no_enqueue):
+    # The new user's blocker: a CPU keep became the H200's kernel, and every waiting H200
+    # win was then refused with 409.
+    cpu_win = record(start_sweep(make_thesis(people.author), people.producer, budget=1).candidates.get(),
+                     recorded_result())
+    h200_thesis = make_thesis(people.author, title="H200 rows", hardware="h200", context_lengths=[4096])
+    h200_sweep = start_sweep(h200_thesis, people.producer, budget=1)
+    h200_win = record(h200_sweep.candidates.get(), {
+        **recorded_result((1.3,), names=["t=4096,dtype=bfloat16"]), "device": "cuda"})
+    baseline = get_op("rmsnorm").baseline_path.read_text()
+    assert h200_sweep.baseline_source == baseline
+    services.candidate_keep(candidate=cpu_win, reviewer=people.reviewer, commit=cpu_win.commit)
+    assert workspace.kept_kernel("rmsnorm", "cpu").source == cpu_win.source
+    assert workspace.kept_kernel("rmsnorm", "h200").source == baseline
+    # The H200 win was timed against the H200's kept kernel, which did not move: it keeps.
+    review = services.candidate_keep(candidate=h200_win, reviewer=people.reviewer, commit=h200_win.commit)
+    assert workspace.kept_kernel("rmsnorm", "h200").source == h200_win.source
+    assert workspace.kept_kernel("rmsnorm", "cpu").source == cpu_win.source
+    table = workspace.dispatch_table(review.merge_commit)["rmsnorm"]
+    assert [e["candidate"] for e in table["h200"][:1]] == [h200_win.label]
+    assert [e["candidate"] for e in table["cpu"][:1]] == [cpu_win.label]
+    assert [e["kernel"] for e in table["h100"]] == ["baseline"]
+    # New sweeps time against their own class's kernel; so does the API.
+    assert start_sweep(h200_thesis, people.producer, budget=1).baseline_source == h200_win.source
 
 
 def test_keeping_with_the_proposed_range_records_it(people, waiting_win):
@@ -208,6 +238,27 @@ def test_the_queue_holds_undecided_wins_oldest_first_and_filters_them(people, wo
     assert selectors.review_queue_count() == 2
 
 
+def test_the_queue_shows_what_i_may_review_and_marks_what_needs_scrutiny(client, people, workspace_dir,
+                                                                        no_enqueue):
+    # The admin of a fresh install sees every win, most of them their own: "reviewable by me".
+    mine = record(start_sweep(make_thesis(people.reviewer, title="My own idea"), people.producer,
+                              budget=1).candidates.get(), recorded_result())
+    theirs = record(start_sweep(make_thesis(people.author), people.producer, budget=1).candidates.get(),
+                    recorded_result())
+    assert list(selectors.review_queue()) == [mine, theirs]
+    assert list(selectors.review_queue(reviewable_by=people.reviewer)) == [theirs]
+    assert list(selectors.review_queue(reviewable_by=people.producer)) == []  # produced both
+    client.force_login(people.reviewer)
+    page = client.get(reverse("review_queue"), {"mine": "on"}).content.decode()
+    assert f'id="queue-{theirs.pk}"' in page and f'id="queue-{mine.pk}"' not in page
+    assert "needs scrutiny" not in page
+    # A result more than 10x faster is marked before anyone opens it.
+    GuardFinding.objects.create(candidate=theirs, name="plausibility", status="warn",
+                                detail="needs scrutiny: more than 10x faster than the baseline")
+    page = client.get(reverse("review_queue"), {"mine": "on"}).content.decode()
+    assert 'class="badge rejected scrutiny"' in page
+
+
 def test_the_queue_page_and_its_htmx_fragment_follow_the_filters(client, people, waiting_win):
     client.force_login(people.reviewer)
     page = client.get(reverse("review_queue"))
@@ -222,14 +273,32 @@ def test_the_queue_page_and_its_htmx_fragment_follow_the_filters(client, people,
 
 # -- the review page ---------------------------------------------------------------------
 
+@pytest.mark.parametrize(("workload", "meaningful", "why"), [
+    # The new user's puzzle: 1.41x [1.15, 1.48], p = 2.7e-05, "significant: no" on a CPU.
+    ({"speedup": 1.41, "speedup_ci": [1.15, 1.48], "p_value": 2.7e-05, "noise_floor": 0.5}, True,
+     "inside this run's noise floor of ±50%"),
+    ({"speedup": 1.2, "speedup_ci": [0.9, 1.5], "p_value": 0.2, "noise_floor": 0.02}, True, "p = 0.2, not under 0.01"),
+    ({"speedup": 1.2, "speedup_ci": [0.98, 1.3], "p_value": 0.001, "noise_floor": 0.02}, True, "holds 1×"),
+    ({"speedup": 1.2, "speedup_ci": [1.1, 1.3], "p_value": 0.001, "noise_floor": 0.02}, False, "CPU interpreter"),
+    ({"speedup": 1.2, "speedup_ci": [1.1, 1.3], "p_value": 0.001, "noise_floor": 0.02}, True, "clock check"),
+    ({"speedup": 1.2, "significant": True}, True, None),
+])
+def test_a_speedup_that_is_not_significant_says_why(workload, meaningful, why):
+    found = selectors.why_not_significant(workload, timing_meaningful=meaningful)
+    assert found == why if why is None else why in found
+
+
+
 def test_the_review_page_shows_the_evidence_a_reviewer_needs(client, people, waiting_win):
     client.force_login(people.reviewer)
     html = client.get(waiting_win.get_absolute_url()).content.decode()
     # The git diff against the kept kernel, highlighted, with line numbers.
-    assert 'class="diff code"' in html and 'data-path="kernels/rmsnorm/kept.py"' in html
+    assert 'class="diff code"' in html and 'data-path="kernels/rmsnorm/cpu/kept.py"' in html
     assert '<tr class="add">' in html and '<span class="k">def</span>' in html
     # This candidate's own commit: only its PARAMS values against the sweep's kernel.
     assert "This commit alone" in html
+    # Every "significant" beside the floor it had to clear, and every "no" with its reason.
+    assert "floor ±2%" in html and '<small class="muted why-not">p = 0.4, not under 0.01</small>' in html
     # Curves with confidence bands, the dispatch range shaded.
     latency = json.loads(html.split('id="latency-figure" type="application/json">')[1].split("</script>")[0])
     assert any(t.get("fill") == "tonexty" for t in latency["data"])
@@ -290,3 +359,77 @@ def test_the_review_page_draws_one_curve_per_kind_of_batch():
     groups = {group for _, group in layout.values()}
     assert groups == {"mix=equal,next_n=1", "mix=mixed,next_n=1", "mix=mixed,next_n=2"}
     assert layout["ctx<=4096,b=8,mixed"] == (4096, "mix=mixed,next_n=1")
+
+
+# -- honest diffs: characters a diff cannot show ---------------------------------------
+
+BIDI_DIFF = (
+    "diff --git a/k.py b/k.py\n--- a/k.py\n+++ b/k.py\n@@ -1,3 +1,4 @@\n"
+    " def forward(x):\n"
+    '+    """\u202e Returns x. \u2066"""  ; x = x * 0 # \u2069\n'
+    "+    y = 1\u2028    return y\n"
+    "     return x\n"
+    "-    pass\n"
+)
+
+
+def test_a_diff_shows_hidden_characters_as_escapes_and_splits_lines_at_newlines_only():
+    old = "def forward(x):\n    return x\n    pass\n"
+    new = 'def forward(x):\n    """\u202e Returns x. \u2066"""  ; x = x * 0 # \u2069\n    y = 1\u2028    return y\n    return x\n'
+    [file] = render_diff(BIDI_DIFF, old_file=lambda path: old, new_file=lambda path: new)
+    assert [(line.kind, line.old, line.new) for line in file.lines] == [
+        ("hunk", None, None), ("ctx", 1, 1), ("add", None, 2), ("add", None, 3), ("ctx", 2, 4), ("del", 3, None)]
+    added = str(file.lines[2].html)
+    assert "\u202e" not in added and "\u2066" not in added
+    assert 'title="U+202E RIGHT-TO-LEFT OVERRIDE">&lt;U+202E&gt;</span>' in added
+    # The line separator is one line's content, shown, not a line break of its own.
+    separated = str(file.lines[3].html)
+    assert separated.index("&lt;U+2028&gt;") < separated.index('<span class="k">return</span> <span class="n">y</span>')
+    assert file.hidden == ["U+202E RIGHT-TO-LEFT OVERRIDE", "U+2066 LEFT-TO-RIGHT ISOLATE",
+                           "U+2069 POP DIRECTIONAL ISOLATE", "U+2028 LINE SEPARATOR"]
+    assert hidden_characters("plain ascii\tand é ü — ok\n") == []
+
+
+def _win_with_hidden_characters(people, waiting_win) -> Candidate:
+    source = waiting_win.source.replace("def forward(", "# \u202e kept as it was \u2066\ndef forward(", 1)
+    revised = research_services.candidate_revise(candidate=waiting_win, source=source,
+                                                 revised_by=people.producer)
+    return record(revised, recorded_result())
+
+
+def test_a_change_with_hidden_characters_is_kept_only_by_a_reviewer_who_says_they_read_them(
+        client, people, waiting_win):
+    candidate = _win_with_hidden_characters(people, waiting_win)
+    client.force_login(people.reviewer)
+    html = client.get(candidate.get_absolute_url()).content.decode()
+    banner = html.split('id="hidden-characters"')[1].split("</div>")[0]
+    assert "U+202E RIGHT-TO-LEFT OVERRIDE" in banner and "kernels/rmsnorm/cpu/kept.py" in banner
+    assert 'name="saw_hidden_characters"' in html and "&lt;U+202E&gt;" in html
+    base = workspace.main_head()
+
+    response = _decide(client, people.reviewer, candidate)
+    assert response.status_code == 422 and "characters a diff cannot show" in response.content.decode()
+    assert not Review.objects.exists() and workspace.main_head() == base
+    with pytest.raises(ValidationError):
+        services.candidate_keep(candidate=candidate, reviewer=people.reviewer, commit=candidate.commit)
+
+    assert _decide(client, people.reviewer, candidate, saw_hidden_characters="on").status_code == 302
+    assert Review.objects.get().decision == "keep" and workspace.main_head() != base
+
+
+def test_a_change_without_hidden_characters_asks_for_no_confirmation(client, people, waiting_win):
+    client.force_login(people.reviewer)
+    html = client.get(waiting_win.get_absolute_url()).content.decode()
+    assert 'id="hidden-characters"' not in html and 'name="saw_hidden_characters"' not in html
+
+
+def test_the_admin_can_neither_change_nor_delete_a_decision(rf, people, waiting_win):
+    from django.contrib.admin.sites import site
+
+    services.candidate_revert(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit)
+    admin = site.get_model_admin(Review)
+    request = rf.get("/admin/reviews/review/")
+    request.user = get_user_model().objects.create_superuser("root-admin", password="pw-for-tests-only")
+    review = Review.objects.get()
+    assert not admin.has_delete_permission(request, review) and not admin.has_change_permission(request, review)
+    assert "delete_selected" not in admin.get_actions(request)

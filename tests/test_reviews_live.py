@@ -15,6 +15,7 @@ from tests.reviewing import no_enqueue, workspace_dir  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")
 
 
 @sync_to_async
@@ -27,14 +28,14 @@ def _setup():
 
 
 async def test_an_anonymous_socket_is_refused(workspace_dir):
-    communicator = WebsocketCommunicator(application, "/ws/reviews/", headers=[ORIGIN])
+    communicator = WebsocketCommunicator(application, "/ws/reviews/", headers=[ORIGIN, HOST])
     connected, code = await communicator.connect()
     assert not connected and code == 4401
 
 
 async def test_the_count_arrives_on_connect_and_again_when_a_win_is_recorded_and_decided(workspace_dir, no_enqueue):
     people, sweep, cookie = await _setup()
-    communicator = WebsocketCommunicator(application, "/ws/reviews/", headers=[ORIGIN, (b"cookie", cookie)])
+    communicator = WebsocketCommunicator(application, "/ws/reviews/", headers=[ORIGIN, HOST, (b"cookie", cookie)])
     connected, _ = await communicator.connect()
     assert connected
     assert await communicator.receive_json_from(timeout=5) == {"type": "queue.count", "count": 0}

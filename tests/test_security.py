@@ -17,6 +17,7 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
@@ -43,21 +44,57 @@ def _session_cookie() -> bytes:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", SOCKETS)
 async def test_a_socket_without_a_session_is_refused(path):
-    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://localhost")])
+    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://localhost:8000"),
+                                                                     (b"host", b"localhost:8000")])
     connected, code = await communicator.connect()
     assert not connected and code == 4401
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", SOCKETS)
-@pytest.mark.parametrize("origin", [b"http://evil.example", b"http://localhost.evil.example", None])
+@pytest.mark.parametrize("origin", [b"http://evil.example", b"http://localhost.evil.example", None,
+                                    # the same host, on another port or scheme: another origin
+                                    b"http://localhost:8001", b"https://localhost:8000", b"http://localhost",
+                                    b"null"])
 async def test_a_logged_in_socket_from_another_or_no_origin_is_refused(path, origin):
     # Cross-site websocket hijacking: the browser sends the victim's cookie with a socket
     # that another site's page opens; only the Origin header tells them apart.
-    headers = [(b"cookie", await _session_cookie())] + ([(b"origin", origin)] if origin else [])
+    headers = [(b"cookie", await _session_cookie()), (b"host", b"localhost:8000")] + (
+        [(b"origin", origin)] if origin else [])
     communicator = WebsocketCommunicator(application, path, headers=headers)
     connected, _ = await communicator.connect()
     assert not connected
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("origin", "host", "extra", "allowed"), [
+    (b"http://localhost:8000", b"localhost:8000", [], True),
+    (b"http://127.0.0.1:8000", b"127.0.0.1:8000", [], True),
+    (b"http://evil.example:8000", b"evil.example:8000", [], False),  # a Host ALLOWED_HOSTS refuses
+    (b"http://localhost:8000", None, [], False),  # no Host: nothing to be the same as
+    (b"https://lab.example", b"lab.example", [(b"x-forwarded-proto", b"https")], True),
+    (b"http://lab.example", b"lab.example", [(b"x-forwarded-proto", b"https")], False),
+])
+async def test_a_socket_is_allowed_only_from_its_own_scheme_host_and_port(settings, origin, host, extra, allowed):
+    settings.ALLOWED_HOSTS = ["localhost", "127.0.0.1", "lab.example"]
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    headers = [(b"cookie", await _session_cookie()), (b"origin", origin), *extra] + (
+        [(b"host", host)] if host else [])
+    communicator = WebsocketCommunicator(application, "/ws/reviews/", headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected is allowed
+    await communicator.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_page_served_from_a_trusted_origin_on_purpose_may_open_a_socket(settings):
+    settings.CSRF_TRUSTED_ORIGINS = ["https://dashboard.example:8443"]
+    headers = [(b"cookie", await _session_cookie()), (b"origin", b"https://dashboard.example:8443"),
+               (b"host", b"localhost:8000")]
+    communicator = WebsocketCommunicator(application, "/ws/reviews/", headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.disconnect()
 
 
 # CSRF: htmx posts carry the token from <body hx-headers>, and nothing else gets in.
@@ -86,6 +123,37 @@ def test_a_post_with_a_forged_csrf_token_is_refused(user):
 
 
 # Rate limits: per user and action, from settings, refused with 429 and when to retry.
+
+# Login throttling: wrong passwords for one username from one address, then the right one.
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("login_url", ["/login/", "/admin/login/"])
+def test_after_five_wrong_passwords_even_the_right_one_is_refused(settings, login_url):
+    User = get_user_model()
+    User.objects.create_superuser("target", password="the-right-password")
+    User.objects.create_user("bystander", password="another-right-password")
+    client = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert client.post(login_url, {"username": "target", "password": "wrong"}).status_code == 200
+    locked = client.post(login_url, {"username": "target", "password": "wrong"})
+    assert locked.status_code == 429 and "Too many failed logins" in locked.content.decode()
+    right = client.post(login_url, {"username": "target", "password": "the-right-password"})
+    assert right.status_code == 429 and "_auth_user_id" not in client.session
+    # The lockout is that username's from that address: another account still logs in.
+    assert client.post("/login/", {"username": "bystander", "password": "another-right-password"}).status_code == 302
+
+
+@pytest.mark.django_db
+def test_a_right_password_before_the_limit_clears_the_count():
+    get_user_model().objects.create_user("forgetful", password="the-right-password")
+    client = Client()
+    for _ in range(3):
+        client.post("/login/", {"username": "forgetful", "password": "wrong"})
+    assert client.post("/login/", {"username": "forgetful", "password": "the-right-password"}).status_code == 302
+    client.logout()
+    for _ in range(3):
+        assert client.post("/login/", {"username": "forgetful", "password": "wrong"}).status_code == 200
+
 
 def test_rates_read_as_count_per_period():
     assert parse_rate("20/h") == (20, 3600)
@@ -148,6 +216,7 @@ def test_the_apis_posts_are_rate_limited_with_a_json_429(settings, user, make_th
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "api-post": "2/h"}
     client = Client()
     _, token = api_token_create(user=user, name="h200-box")
+    user.user_permissions.add(Permission.objects.get(codename="import_results"))
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     assert client.post("/api/theses", {}, **auth).status_code == 422
     assert client.post(f"/api/theses/{make_thesis().pk}/results", b"", content_type="application/x-ndjson",
@@ -245,3 +314,53 @@ def test_api_tokens_and_webhook_secrets_never_reach_the_logs(caplog, logged_in_c
     logged = "\n".join(record.getMessage() + str(record.args) for record in caplog.records)
     assert token not in logged and token[len("kl_"):] not in logged
     assert endpoint_secret not in logged and endpoint_secret.removeprefix("whsec_") not in logged
+
+
+def _asgi_post(app, chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes, int]:
+    """(status, body, chunks the app was handed) of one POST through an ASGI app."""
+    import asyncio
+
+    pending = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+               for i, chunk in enumerate(chunks)]
+    handed, sent = [], []
+
+    async def receive():
+        message = pending.pop(0)
+        handed.append(message)
+        return message
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": "POST", "path": "/", "headers": headers}, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:]), len(handed)
+
+
+async def _reads_the_whole_body(scope, receive, send):
+    """What Django does with a request before any view runs: read the body, all of it."""
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(size).encode()})
+
+
+def test_a_request_body_over_the_cap_is_refused_before_the_app_reads_it():
+    from config.request_limits import RequestBodyLimit
+
+    limited = RequestBodyLimit(_reads_the_whole_body, max_bytes=1000)
+    # Unlimited, the app reads whatever is sent.
+    assert _asgi_post(_reads_the_whole_body, [b"x" * 600] * 3, [])[:2] == (200, b"1800")
+    # Declared too large: refused without one chunk read.
+    status, body, handed = _asgi_post(limited, [b"x" * 600] * 3, [(b"content-length", b"1800")])
+    assert (status, handed) == (413, 0) and b"over 1,000 bytes" in body
+    # Not declared (chunked): stopped at the chunk that crosses the cap.
+    status, _, handed = _asgi_post(limited, [b"x" * 600] * 3, [])
+    assert (status, handed) == (413, 2)
+    # A nonsense length is no length.
+    assert _asgi_post(limited, [b"x"], [(b"content-length", b"-1")])[0] == 413
+    # Within the cap, nothing changes.
+    assert _asgi_post(limited, [b"x" * 600], [(b"content-length", b"600")])[:2] == (200, b"600")

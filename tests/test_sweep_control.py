@@ -183,7 +183,8 @@ async def _socket(sweep: Sweep, user) -> WebsocketCommunicator:
     await sync_to_async(client.force_login)(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
     communicator = WebsocketCommunicator(application, f"/ws/sweeps/{sweep.pk}/",
-                                         headers=[(b"origin", b"http://localhost"), (b"cookie", cookie)])
+                                         headers=[(b"origin", b"http://localhost"), (b"host", b"localhost"),
+                                                  (b"cookie", cookie)])
     connected, _ = await communicator.connect()
     assert connected
     last_seq = await sync_to_async(Sweep.objects.values_list("last_seq", flat=True).get)(pk=sweep.pk)

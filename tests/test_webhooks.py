@@ -317,3 +317,32 @@ def test_the_thesis_created_payload_names_the_thesis_and_links_back_to_it(make_t
     data = json.loads(Delivery.objects.get(event_type="thesis.created").body)["data"]
     assert data["thesis"]["id"] == thesis.pk and data["thesis"]["author"] == "ada"
     assert data["thesis"]["url"] == f"https://lab.example.com/theses/{thesis.pk}/"
+
+
+def test_one_user_may_have_only_so_many_endpoints(settings, logged_in_client, make_endpoint, user):
+    """Every event owes a delivery and its retries to each endpoint: a user with hundreds
+    would make every event cost the lab hundreds of sends."""
+    settings.WEBHOOK_ENDPOINTS_PER_USER = 3
+    for index in range(3):
+        make_endpoint(url=f"https://hooks.example.com/{index}")
+    with pytest.raises(ValidationError, match="the most one user may have"):
+        make_endpoint(url="https://hooks.example.com/4")
+    response = logged_in_client.post("/webhooks/new/", {"url": "https://hooks.example.com/5",
+                                                        "events": ["candidate.kept"]})
+    assert response.status_code == 422 and "the most one user may have" in response.content.decode()
+    assert Endpoint.objects.filter(owner=user).count() == 3
+    # Another user's quota is their own.
+    other = get_user_model().objects.create_user("other-owner", password="pw-for-tests-only")
+    make_endpoint(owner=other)
+
+
+def test_deliveries_go_to_a_queue_of_their_own_apart_from_evaluations():
+    from config.celery import app
+    from research.tasks import evaluate_candidate
+    from webhooks.tasks import deliver_due, send_delivery
+
+    def queue_of(task, **options):
+        return app.amqp.router.route(options, task.name)["queue"].name
+
+    assert queue_of(send_delivery) == queue_of(deliver_due) == "webhooks"
+    assert queue_of(evaluate_candidate, queue="runner.cpu") == "runner.cpu"

@@ -118,7 +118,7 @@ def webhook_settings(settings):
 
 @pytest.fixture
 def worker(webhook_settings):
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=["default"],
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=["webhooks"],
                       shutdown_timeout=30) as running:
         yield running
 
@@ -303,7 +303,7 @@ def test_a_delivery_whose_message_was_lost_is_sent_when_a_worker_starts(
     assert delivery.status == Delivery.Status.PENDING
     webhook_settings.WEBHOOKS_RECOVER_AFTER_S = 0
 
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=["default"], shutdown_timeout=30):
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=["webhooks"], shutdown_timeout=30):
         # The test worker does not send worker_ready itself; a real one does.
         worker_ready.send(sender=None)
         _wait_for(_settled(delivery.pk))

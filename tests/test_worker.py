@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.core.cache import cache
 
-from research import selectors, services
+from research import selectors, services, sweep_control, workers
 from research.live import sweep_group
 from research.models import Candidate, Event, Sweep
 from tests.celery_worker import cpu_worker, wait_until_finished
@@ -62,3 +64,25 @@ def test_a_worker_evaluates_a_sweep_and_its_events_reach_the_channel_layer_in_or
         timings = list(candidate.measurements.values_list("baseline_ms", "candidate_ms"))
         assert len(timings) == len(selectors.sweep_workload_names(sweep))
         assert all(b > 0 and c > 0 for b, c in timings)
+        # Measured here: the worker's queue and host, and the machine state the harness read.
+        assert candidate.provenance == {"by": "worker", "queue": "runner.cpu", "host": socket.gethostname()}
+        assert candidate.result["machine"]["host"] == socket.gethostname()
+
+
+def test_a_sweep_no_worker_serves_says_so_with_the_command_that_would(make_thesis, user, client):
+    # An H200 sweep on a CPU-only installation: its queue has no consumer.
+    thesis = make_thesis(hardware="h200", context_lengths=[4096], batch_sizes=[1])
+    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    assert sweep.queue == "runner.sm90"
+    client.force_login(user)
+    page = client.get(sweep.get_absolute_url()).content.decode()
+    assert 'id="no-worker"' in page and "celery -A config worker -Q runner.sm90" in page
+    sweep_control.sweep_cancel(sweep=sweep, by=user)  # its message stays queued; nothing claims it
+
+    # A live worker is seen by the queues it consumes (once its consumer listens).
+    with cpu_worker():
+        deadline, seen = time.monotonic() + 20, frozenset()
+        while not {"runner.cpu", "default"} <= seen and time.monotonic() < deadline:
+            cache.delete(workers.CACHE_KEY)
+            seen = workers.live_queues() or frozenset()
+        assert {"runner.cpu", "default"} <= seen

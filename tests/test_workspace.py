@@ -11,6 +11,7 @@ import threading
 from django.core.management import call_command
 
 from research import workspace
+from research.hardware import HARDWARE
 from runners.ops import get_op, list_ops
 from tests.app_process import ROOT
 from tests.reviewing import make_thesis, start_sweep
@@ -26,11 +27,13 @@ def test_the_launcher_command_creates_the_workspace_seeded_with_every_ops_baseli
     call_command("workspace_init")
     head = workspace.main_head()
     for op in list_ops():
-        assert workspace.read_file(head, f"kernels/{op}/kept.py") == get_op(op).baseline_path.read_text()
+        for hardware in HARDWARE:
+            assert workspace.read_file(head, f"kernels/{op}/{hardware}/kept.py") == \
+                get_op(op).baseline_path.read_text()
     table = json.loads(workspace.read_file(head, "dispatch.json"))
-    assert sorted(table) == list_ops()
-    assert table["rmsnorm"] == [{
-        "kernel": "baseline", "commit": None, "path": "kernels/rmsnorm/kept.py",
+    assert sorted(table) == list_ops() and sorted(table["rmsnorm"]) == sorted(HARDWARE)
+    assert table["rmsnorm"]["h200"] == [{
+        "kernel": "baseline", "commit": None, "path": "kernels/rmsnorm/h200/kept.py",
         "source": "runners/ops/rmsnorm/baseline.py", "axis": None, "min": None, "max": None,
     }]
     assert _git("rev-parse", "--is-bare-repository").strip() == "true"
@@ -49,7 +52,7 @@ def test_each_candidate_is_a_commit_on_its_own_branch_forked_from_main(people, w
     for candidate in sweep.candidates.all():
         assert candidate.branch == f"candidate/{sweep.pk}-{candidate.number}"
         assert branches[candidate.branch] == candidate.commit
-        assert workspace.read_file(candidate.commit, "kernels/rmsnorm/kept.py") == candidate.source
+        assert workspace.read_file(candidate.commit, "kernels/rmsnorm/cpu/kept.py") == candidate.source
         assert _git("merge-base", "main", candidate.commit).strip() == main
         info = workspace.commit_info(candidate.commit)
         assert info["author"] == "bob" and info["author_email"] == "bob@example.com"
@@ -62,6 +65,42 @@ def test_each_candidate_is_a_commit_on_its_own_branch_forked_from_main(people, w
     assert changed and all(any(key in line for key in second.params) for line in changed), own
     # ...while against the kept kernel it is the whole swap from the shipped baseline.
     assert "-    hidden = x.float()" in workspace.diff(sweep.base_commit, second.commit)
+
+
+def test_a_workspace_of_one_kept_kernel_per_op_moves_to_one_per_hardware_class(workspace_dir):
+    # The shared layout: a CPU keep had become the H200's kernel too. Built by hand here
+    # as the earlier code wrote it: kernels/<op>/kept.py and op -> entries.
+    baseline = get_op("rmsnorm").baseline_path.read_text()
+    h200_kernel, cpu_kernel = baseline + "\n# kept on the H200\n", baseline + "\n# kept on a CPU\n"
+    ada = workspace.Identity("Ada", "ada@example.com")
+    subprocess.run(["git", "init", "--quiet", "--bare", "--initial-branch", "main", str(workspace.path())],
+                   check=True)
+    (seed,) = workspace.build([workspace.NewCommit(parents=[], author=ada, message="seed", files={
+        "kernels/rmsnorm/kept.py": baseline, "dispatch.json": "{}"})])
+    (h200_keep,) = workspace.build([workspace.NewCommit(parents=[seed], author=ada, message="h200",
+                                                        files={"kernels/rmsnorm/kept.py": h200_kernel})])
+    (cpu_keep,) = workspace.build([workspace.NewCommit(parents=[h200_keep], author=ada, message="cpu",
+                                                       files={"kernels/rmsnorm/kept.py": cpu_kernel})])
+    entry = {"kernel": "blocked", "path": "kernels/rmsnorm/kept.py", "axis": None, "min": None, "max": None}
+    shared = {"rmsnorm": [{**entry, "commit": cpu_keep, "hardware": "cpu"},
+                          {**entry, "commit": h200_keep, "hardware": "h200"},
+                          {"kernel": "baseline", "commit": None, "path": "kernels/rmsnorm/kept.py"}]}
+    (old_main,) = workspace.build([workspace.NewCommit(parents=[cpu_keep], author=ada, message="table",
+                                                       files={"dispatch.json": json.dumps(shared)})])
+    workspace.publish([workspace.RefUpdate("main", old_main)])
+
+    workspace.ensure()
+    head = workspace.main_head()
+    assert workspace.kept_kernel("rmsnorm", "cpu").source == cpu_kernel
+    assert workspace.kept_kernel("rmsnorm", "h200").source == h200_kernel
+    assert workspace.kept_kernel("rmsnorm", "h100").source == baseline  # nothing kept there
+    assert workspace.read_file(head, "kernels/rmsnorm/kept.py") is None
+    assert [e["commit"] for e in workspace.dispatch_entries("rmsnorm", "h200")] == [h200_keep, None]
+    # An entry still names where its own commit holds the kernel.
+    assert workspace.read_file(h200_keep, workspace.dispatch_entries("rmsnorm", "h200")[0]["path"]) == h200_kernel
+    assert workspace.commit_info(head)["message"].startswith("Keep kernels per hardware class")
+    workspace.ensure()
+    assert workspace.main_head() == head  # once
 
 
 def test_writers_are_serialised_by_a_file_lock(workspace_dir):
@@ -83,7 +122,7 @@ def test_a_ref_that_moved_makes_the_publish_fail_and_changes_nothing(workspace_d
     workspace.ensure()
     head = workspace.main_head()
     (commit,) = workspace.build([workspace.NewCommit(
-        parents=[head], files={"kernels/rmsnorm/kept.py": "x = 1\n"}, message="m",
+        parents=[head], files={"kernels/rmsnorm/cpu/kept.py": "x = 1\n"}, message="m",
         author=workspace.Identity("Ada", "ada@example.com"))])
     try:
         workspace.publish([workspace.RefUpdate("candidate/9-9", commit),

@@ -100,13 +100,15 @@ def sweep_finished(sweep, *, wins: int, rejected: int) -> SweepFinished:
 
 
 def candidate_decided(candidate, *, reviewer, comment: str = "", url: str | None = None,
-                      **details) -> CandidateDecided:
+                      measured=None, **details) -> CandidateDecided:
     """For candidate.kept and candidate.reverted.
 
     details: what the decision adds, e.g. merge_commit and dispatch_range for a keep.
     url: the review page, when there is one (defaults to the candidate's sweep).
+    measured: whose figures to send (a verified import's worker run; default the candidate).
     """
     sweep = candidate.sweep
+    measured = measured or candidate
     return {
         "candidate": {
             "id": candidate.pk,
@@ -115,8 +117,8 @@ def candidate_decided(candidate, *, reviewer, comment: str = "", url: str | None
             "op": sweep.thesis.op,
             "params": candidate.params,
             "verdict": candidate.verdict,
-            "geomean_speedup": candidate.geomean_speedup,
-            "best_speedup": candidate.best_speedup,
+            "geomean_speedup": measured.geomean_speedup,
+            "best_speedup": measured.best_speedup,
             "url": site_url(url or sweep.get_absolute_url()),
         },
         "reviewer": reviewer.get_username(),

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.contrib.auth import get_user_model
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import F
@@ -33,6 +34,9 @@ MAX_BACKOFF_DOUBLINGS = 40
 
 
 def endpoint_create(*, owner, url: str, events: list[str]) -> Endpoint:
+    """A new endpoint of `owner`'s, within their quota (WEBHOOK_ENDPOINTS_PER_USER): every
+    event owes a delivery, and up to a dozen retries, to each endpoint subscribed to it,
+    so one user's endpoints must not make every event cost the lab hundreds of sends."""
     url = url.strip()
     _check_endpoint_url(url)
     unknown = sorted(set(events) - set(EVENT_TYPES))
@@ -40,12 +44,19 @@ def endpoint_create(*, owner, url: str, events: list[str]) -> Endpoint:
         raise ValidationError({"events": f"unknown event types: {', '.join(unknown)}"})
     if not events:
         raise ValidationError({"events": "subscribe to at least one event type"})
-    return Endpoint.objects.create(
-        owner=owner,
-        url=url,
-        events=[event for event in EVENT_TYPES if event in events],
-        secret=signing.secret_generate(),
-    )
+    quota = settings.WEBHOOK_ENDPOINTS_PER_USER
+    with transaction.atomic():
+        # The owner's row, locked: two creates at once cannot both take the last place.
+        get_user_model().objects.select_for_update().get(pk=owner.pk)
+        if Endpoint.objects.filter(owner=owner).count() >= quota:
+            raise ValidationError({NON_FIELD_ERRORS: (
+                f"you have {quota} endpoints, the most one user may have: delete one first")})
+        return Endpoint.objects.create(
+            owner=owner,
+            url=url,
+            events=[event for event in EVENT_TYPES if event in events],
+            secret=signing.secret_generate(),
+        )
 
 
 def _check_endpoint_url(url: str) -> None:

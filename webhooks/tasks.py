@@ -15,8 +15,8 @@ start runs none):
    sends what is due from cron, without any worker.
 
 Extra messages are harmless: each attempt is claimed by a conditional update first.
-All of these go to the default queue (CELERY_TASK_DEFAULT_QUEUE), which the quick
-start's worker serves.
+All of these go to the webhooks queue (WEBHOOKS_QUEUE, by CELERY_TASK_ROUTES), which
+the quick start serves with a worker of its own, apart from evaluations.
 """
 
 from __future__ import annotations

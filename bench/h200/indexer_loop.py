@@ -11,7 +11,9 @@ are imported as that author's sweeps (`manage.py import_results` does the same);
 second user with the reviewer permission decides every win through reviews.services,
 as the review page does: per op the fastest win by its geometric-mean speedup is kept
 with the dispatch range its result proposes, every other win is reverted as
-superseded. The path chart is the figure the /paths/ page draws (reviews.charts),
+superseded. The wins are imported and this installation has no H200 worker to verify
+them, so the keep is the two-reviewer "keep unverified": the reviewer asks, a third
+user confirms, and the path chart marks it. The path chart is the figure the /paths/ page draws (reviews.charts),
 rendered by Chromium to a PNG.
 
 Prints, per op, what was kept and what was reverted.
@@ -98,8 +100,11 @@ def main() -> None:
         users = get_user_model().objects
         author = users.create_user("author", password="unused-author-password")
         reviewer = users.create_user("reviewer", password="unused-reviewer-password")
-        reviewer.user_permissions.add(Permission.objects.get(codename="decide_candidate"))
-        reviewer = users.get(pk=reviewer.pk)  # permissions are cached per instance
+        confirmer = users.create_user("confirmer", password="unused-confirmer-password")
+        for person in (reviewer, confirmer):
+            person.user_permissions.add(Permission.objects.get(codename="decide_candidate"))
+        # Permissions are cached per instance.
+        reviewer, confirmer = users.get(pk=reviewer.pk), users.get(pk=confirmer.pk)
 
         theses, sweeps = {}, []
         # Oldest first: the order the results came in is the path's order.
@@ -123,12 +128,15 @@ def main() -> None:
                 label = f"{candidate.sweep.kernel} {dict(sorted(candidate.params.items()))}"
                 if rank == 0:
                     dispatch = candidate.result.get("dispatch") or {}
-                    reviews.candidate_keep(
+                    reviews.candidate_keep_unverified_request(
                         candidate=candidate, reviewer=reviewer, commit=candidate.commit,
-                        comment="The fastest win for this op on the H200; every guard passed.",
+                        comment="The fastest win for this op on the H200; every guard passed. "
+                                "No H200 worker here to verify it.",
                         dispatch_min=dispatch.get("min"), dispatch_max=dispatch.get("max"))
+                    reviews.candidate_keep(candidate=candidate, reviewer=confirmer, commit=candidate.commit,
+                                           confirm_unverified=True)
                     report.append(f"{op}: kept {label}, geomean {candidate.geomean_speedup:.2f}x, "
-                                  f"dispatch {dispatch.get('summary', 'none')}")
+                                  f"dispatch {dispatch.get('summary', 'none')} (unverified, two reviewers)")
                 else:
                     reviews.candidate_revert(
                         candidate=candidate, reviewer=reviewer, commit=candidate.commit,

@@ -1,4 +1,5 @@
-"""One line from an evaluate JSON: the verdict and each workload's speedup (* significant).
+"""One line from an evaluate JSON: the verdict, each workload's speedup (* significant)
+and the guards that failed, with the first one's detail.
 
     python3 bench/h200/verdict.py RESULT.json
 """
@@ -9,4 +10,6 @@ import sys
 result = json.load(open(sys.argv[1]))
 speedups = " ".join(f"{w['name']}={w['speedup']:.3f}{'*' if w.get('significant') else ''}"
                     for w in result["workloads"] if w.get("speedup"))
-print(result["verdict"], speedups)
+failed = [guard for guard in result["guards"] if guard["status"] == "fail"]
+print(result["verdict"], speedups, *([f"| failed: {', '.join(g['name'] for g in failed)}: "
+                                      f"{failed[0]['detail'][:240]}"] if failed else []))

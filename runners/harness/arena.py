@@ -78,6 +78,17 @@ def size(entries: list[Entry]) -> int:
     return max((entry.offset + entry.nbytes for entry in entries if entry.is_tensor), default=0)
 
 
+def stride(entries: list[Entry]) -> int:
+    """How far apart, page-aligned, input sets of this layout lie side by side."""
+    return max(_ALIGN, -(-size(entries) // _ALIGN) * _ALIGN)
+
+
+def shifted(entries: list[Entry], by: int) -> list[Entry]:
+    """The same layout `by` bytes further on: the place of another input set."""
+    return [Entry(entry.name, entry.dtype, entry.shape, entry.offset + by) if entry.is_tensor
+            else entry for entry in entries]
+
+
 class Arena:
     """The judge's side: the file, mapped shared, sized for the largest input set."""
 

@@ -46,6 +46,8 @@ INPUTS_UNCHANGED = "inputs-unchanged"
 DETERMINISTIC = "deterministic"
 TIMED_OUTPUTS = "timed-outputs"
 CHECK_SLOT = "check"
+# A checked call that went wrong on replay, captured again on its own inputs.
+REPLAY_SLOT = "recheck"
 
 
 class Feed(Protocol):
@@ -91,10 +93,18 @@ def expect(op: Op, workload: Workload, seed: int, distribution: str,
     return Expected(inputs, arena.layout(inputs), reference, output_bound(inputs))
 
 
+def output_facts(reply: Reply, index: int = 0) -> Any:
+    """Where the reply says the output of its request's call number `index` is (None
+    when it does not say)."""
+    outputs = reply.header.get("outputs")
+    return outputs[index] if isinstance(outputs, list) and -len(outputs) <= index < len(outputs) else None
+
+
 def observe(child: Requester, reply: Reply, expected_entries: list[arena.Entry],
-            max_bytes: int) -> Observed:
-    """Reads a call's output and inputs from the stopped child."""
-    facts = reply.header.get("output")
+            max_bytes: int, index: int = 0) -> Observed:
+    """Reads the output of a request's call number `index`, and its inputs, from the
+    stopped child."""
+    facts = output_facts(reply, index)
     observed = Observed(facts)
     if _type_problem(facts, None) is not None:
         return observed
@@ -162,6 +172,28 @@ def _value_problem(op: Op, expected: Expected, facts: dict[str, Any],
     except Exception as error:
         ok, detail = False, f"the output could not be compared: {one_line(error)}"
     return None if ok else detail
+
+
+def _head(values: torch.Tensor, shown: int) -> str:
+    return ", ".join(str(v) for v in values[:shown].tolist()) + (", …" if values.numel() > shown else "")
+
+
+def metadata_change(before: dict[str, Any], after: dict[str, Any], shown: int = 4) -> str | None:
+    """How the integer inputs (lengths, block tables: what a server changes between
+    replays of one graph) differ between two input sets, in words."""
+    changes = []
+    for name, value in after.items():
+        old = before.get(name)
+        if (not isinstance(value, torch.Tensor) or value.is_floating_point()
+                or not isinstance(old, torch.Tensor) or old.shape != value.shape
+                or torch.equal(old, value)):
+            continue
+        if value.dim() == 1:
+            changes.append(f"{name} {_head(old, shown)} → {_head(value, shown)}")
+        else:
+            differ = int((old != value).sum())
+            changes.append(f"{name} differs in {differ:,} of {value.numel():,} entries")
+    return "; ".join(changes) or None
 
 
 def identical(first: torch.Tensor | None, second: torch.Tensor | None) -> str | None:
@@ -251,10 +283,11 @@ class CallInputs:
         return self._nearly[call.distribution]
 
 
-def prepare(child: Requester, feed: Feed, slot: str, inputs: dict[str, Any], during: str) -> Reply:
-    """Writes a first input set and has the child take the slot's arguments on it (on
-    CUDA it captures the call there)."""
-    entries = arena.layout(inputs)
+def prepare(child: Requester, feed: Feed, slot: str, inputs: dict[str, Any], during: str,
+            entries: list[arena.Entry] | None = None) -> Reply:
+    """Writes a first input set (where `entries` say, by default at the arena's start)
+    and has the child take the slot's arguments on it (on CUDA it captures the call there)."""
+    entries = arena.layout(inputs) if entries is None else entries
     feed.write(entries, inputs)
     return child.request("prepare", during, slot=slot, layout=[entry.to_dict() for entry in entries],
                   output_bytes=output_bound(inputs))
@@ -373,8 +406,40 @@ def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, se
             elif tallies[name].failure is None:
                 tallies[name].failure = f"{problem} ({call.where})"
         if any(problem is not None for problem in outcome.values()):
+            if (workload.device == "cuda" and outcome.get(CORRECTNESS) is not None
+                    and made.of(call) is not made.of(calls[0])):
+                baked = _replay_problem(op, child, feed, this, calls[0], call,
+                                        made.of(calls[0]), outcome[CORRECTNESS])
+                if baked is not None:
+                    tallies[CORRECTNESS].failure = None
+                    return baked
             return None
     return None
+
+
+def _replay_problem(op: Op, child: Requester, feed: Feed, expected: Expected, captured: CheckCall,
+                    call: CheckCall, captured_inputs: dict[str, Any], problem: str) -> Guard | None:
+    """A replay that went wrong, run again in a graph captured on its own inputs. Right
+    there, it kept something of the call it was captured on (a length, a shape, a
+    schedule read on the host) that a server's replay changes: the graph is to blame,
+    not the arithmetic. None when it is wrong there too, or cannot be run again."""
+    try:
+        prepare(child, feed, REPLAY_SLOT, expected.inputs, f"capturing {call.where} on its own inputs")
+        reply = child.request("run", f"running forward on {call.where}, captured on its own inputs",
+                              slot=REPLAY_SLOT)
+        observed = observe(child, reply, expected.entries, expected.max_bytes)
+        child.request("drop", "freeing the recaptured call", slots=[REPLAY_SLOT])
+    except CallFailed:
+        return None
+    if any(judge_output(op, expected, observed, "cuda").values()):
+        return None
+    changed = metadata_change(captured_inputs, expected.inputs)
+    return Guard("cuda-graph", "fail", (
+        f"right when captured on its own inputs, wrong when the graph captured on "
+        f"{captured.where} is replayed on the inputs of {call.where}"
+        f"{f' ({changed})' if changed else ''}: {problem}; it keeps something of the "
+        "captured call (a length, a shape or a schedule read on the host), and a server "
+        "replays one graph with new metadata every step"))
 
 
 def revalidate(op: Op, workload: Workload, observed: list[tuple[int, int, str, Observed]],

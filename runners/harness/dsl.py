@@ -32,7 +32,8 @@ _SUFFIXES = {"_triton": "triton", "_cute": "cute"}
 
 
 def kernel_dsl(path: Path) -> str:
-    """The DSL a shipped kernel file is written in, by its name's suffix."""
+    """The DSL a shipped kernel file claims by its name's suffix: a default for what to
+    ask of a candidate, never evidence of what a kernel is (written_in reads that)."""
     for suffix, dsl in _SUFFIXES.items():
         if Path(path).stem.endswith(suffix):
             return dsl
@@ -89,6 +90,18 @@ def _known(dsl: str) -> None:
 
 
 # --- static check -------------------------------------------------------------------
+
+
+def written_in(source: str) -> str:
+    """The DSL a kernel's source really launches from forward, by the static check: the
+    kept kernel is run in the environment and with the op counting of what it is, not of
+    what its file or an imported results file calls it (a torch kernel named `_triton`
+    would have its baseline runs slowed by the DSL's recording of torch ops)."""
+    for dsl in ("cute", "triton"):
+        if static_check(source, dsl)[0] == "pass":
+            return dsl
+    return "torch"
+
 
 
 def static_check(source: str, dsl: str) -> tuple[str, str]:

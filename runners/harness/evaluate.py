@@ -41,9 +41,11 @@ from runners.harness.correctness import Feed
 from runners.harness.observe import GpuProbe
 from runners.harness.correctness import call_failure, check_correctness, replay_checks, revalidate
 from runners.harness.dispatch import SizedResult, dispatch_range, size_axis
+from runners.harness.machine import machine_state
 from runners.harness.measure import (
     CONTROL,
     Measurement,
+    batch_capacity,
     clock_disagreement,
     clock_excess,
     measure_workload,
@@ -136,11 +138,12 @@ def _verdict(result: EvaluationResult) -> str:
     return "win" if result.dispatch and result.timing_meaningful else "no-gain"
 
 
-def _dispatch(workloads: list[Workload], results: list[WorkloadResult],
+def _dispatch(op: Op, workloads: list[Workload], results: list[WorkloadResult],
               secret: list[Workload]) -> dict | None:
     """The sizes the candidate won at, every one checked and timed; the secret sizes
     checked for correctness between them (never timed: the range does not claim them);
-    and what a size inside that no process had seen cost on its first call."""
+    what a size inside that no process had seen cost on its first call; and the shape
+    buckets the op calls kernels through, where it has them."""
     axis = size_axis(workloads[0].params) if workloads else None
     if axis is None:
         return None
@@ -163,6 +166,12 @@ def _dispatch(workloads: list[Workload], results: list[WorkloadResult],
             found["new_size_first_call_baseline_ms"] = worst.first_call_baseline_ms
             found["summary"] += (f"; a new size's first call up to {worst.first_call_ms:.3g} ms "
                                  f"(kept kernel {worst.first_call_baseline_ms:.3g} ms)")
+        buckets = op.buckets(workloads[0].device)
+        if buckets:
+            found["shape_buckets"] = buckets
+            found["summary"] += "; called through shape buckets of " + " and ".join(
+                f"{bucket:,} {'tokens' if name == 'context_length' else 'sequences'}"
+                for name, bucket in buckets.items())
     return found
 
 
@@ -188,8 +197,8 @@ class _Run:
     batch_sizes: list[int] | None = None
     # Sizes drawn from the secret seed, checked for correctness beside the workloads.
     secret: list[Workload] = field(default_factory=list)
-    # (declared workload, the unseen size beside it) for the first-call guard.
-    new_shapes: list[tuple[Workload, Workload]] = field(default_factory=list)
+    # The unseen sizes beside the declared workloads, for the first-call guard.
+    new_shapes: list[new_shapes.NewShape] = field(default_factory=list)
     # (what was seen, the problem or None) of the timing processes' threads in calls.
     threads_in_calls: tuple[str, str | None] | None = None
     # The cores every child runs on, chosen before the judge keeps to the others, and
@@ -311,9 +320,11 @@ def evaluate(
     if judge_cores:
         os.sched_setaffinity(0, judge_cores)
     try:
-        run.input_capacity = max(
-            inputs_arena.size(inputs_arena.layout(op.make_inputs(workload, 0, DISTRIBUTIONS[0])))
-            for workload in [*workloads, *run.secret, *(new for _, new in run.new_shapes)])
+        set_bytes = {workload.name: inputs_arena.stride(inputs_arena.layout(
+            op.make_inputs(workload, 0, DISTRIBUTIONS[0])))
+            for workload in [*workloads, *run.secret, *(shape.workload for shape in run.new_shapes)]}
+        run.input_capacity = batch_capacity(max(set_bytes.values()),
+                                            max(set_bytes[workload.name] for workload in workloads))
         if kind == "cpu":
             run.arena = inputs_arena.Arena(run.input_capacity)
             run.input_capacity = run.arena.capacity
@@ -333,8 +344,9 @@ def evaluate(
     if run.protected_settings is not None:
         result.guards.append(Guard("protected-settings", *run.protected_settings))
     if result.correct:
-        result.dispatch = _dispatch(run.workloads, result.workloads, run.secret)
+        result.dispatch = _dispatch(run.op, run.workloads, result.workloads, run.secret)
     result.verdict = _verdict(result)
+    result.machine = machine_state(kind)
     result.duration_s = round(time.monotonic() - started, 3)
     say(f"verdict: {result.verdict}")
     return result
@@ -409,7 +421,7 @@ def _time(run: _Run, checked: Child) -> None:
     """
     result, say = run.result, run.say
     checked.close()  # its memory and cores go to the processes being timed
-    baseline_dsl = dsls.kernel_dsl(run.baseline_path)
+    baseline_dsl = dsls.written_in(run.baseline_path.read_text(encoding="utf-8", errors="replace"))
     # Never the first to start: on a CPU the first process after the checked one's memory
     # was freed ran apart from the next two; first, a baseline's luck widens the A/A floor.
     baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
@@ -423,7 +435,8 @@ def _time(run: _Run, checked: Child) -> None:
     measured: list[Measurement] = []
     for position, workload in enumerate(run.workloads):
         measurement = measure_workload(run.op, workload, position, sides, feed=run.feed,
-                                       secret_seed=result.seed, budget_s=run.budget_s)
+                                       secret_seed=result.seed, budget_s=run.budget_s,
+                                       capacity=run.input_capacity)
         problems = revalidate(run.op, workload, measurement.observed)
         if measurement.aliasing is not None:
             problems.append(Guard("aliasing", "fail", f"{measurement.aliasing} ({workload.name})"))
@@ -437,7 +450,7 @@ def _time(run: _Run, checked: Child) -> None:
     first_calls, problems = new_shapes.measure(
         run.op, run.new_shapes, sides,
         feed=run.feed, secret_seed=result.seed, device=result.device,
-        steady={side: {w.name: statistics.median(m.times[side].round_trips)
+        steady={side: {w.name: statistics.median(m.times[side].round_trips) / m.times[side].batch
                        for w, m in zip(run.workloads, measured, strict=True)} for side in sides})
     if problems:
         result.guards += problems
@@ -507,11 +520,12 @@ def _workload_results(run: _Run, measured: list[Measurement],
             baseline_ms=found.baseline_ms,
             candidate_ms=found.candidate_ms,
             speedup=found.speedup,
-            # A speedup is real only if it would still be, had the candidate lied by all
-            # the clock check's margin: no lie the judge's own clock cannot see makes one.
+            # A speedup is real only if it would still be, had the candidate lied by as
+            # much as the clock check could have missed: no lie the judge's own clock
+            # cannot see makes one.
             significant=(found.significant and run.result.timing_meaningful
                          and (excess is None or found.speedup < 1
-                              or found.baseline_ms / (found.candidate_ms + excess.margin_ms)
+                              or found.baseline_ms / (found.candidate_ms + excess.unseen_per_call_ms)
                               > 1 + floor.floor)),
             speedup_ci=list(found.speedup_ci),
             p_value=found.p_value,
@@ -524,6 +538,7 @@ def _workload_results(run: _Run, measured: list[Measurement],
             baseline_overhead_ms=median_overhead([times[BASELINE], times[CONTROL]]),
             clock_excess_ms=excess.lower_ms if excess else None,
             clock_margin_ms=excess.margin_ms if excess else None,
+            calls_per_request=times[CANDIDATE].batch,
             floor_ms=roofline.floor_ms(run.op, workload, hardware),
             roofline_fraction=roofline.achieved_fraction(run.op, workload, hardware,
                                                          found.candidate_ms),

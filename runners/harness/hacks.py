@@ -32,7 +32,14 @@ class RedTeamCandidate:
 
     @property
     def op(self) -> str:
-        return "rmsnorm" if self.file.startswith("rmsnorm") else "dsa_indexer_topk"
+        return op_of(self.file)
+
+
+def op_of(candidate_file: str) -> str:
+    """The op a corpus candidate is written for, by the prefix of its file name."""
+    if candidate_file.startswith("dsa_paged"):
+        return "dsa_indexer_topk_paged"
+    return "rmsnorm" if candidate_file.startswith("rmsnorm") else "dsa_indexer_topk"
 
 
 @dataclass(frozen=True)

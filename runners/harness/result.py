@@ -34,8 +34,8 @@ class WorkloadResult:
     # speedup (as |speedup - 1|) that counts as real here because of it.
     aa_speedup: float | None = None
     noise_floor: float | None = None
-    # On the judge's clock, how much longer than reported the candidate's calls took
-    # (median), and the baseline processes' calls: the harness's own cost around a call.
+    # On the judge's clock, how much longer than reported the candidate's requests took
+    # (median), and the baseline processes' ones: the harness's own cost around a request.
     overhead_ms: float | None = None
     baseline_overhead_ms: float | None = None
     # The clock check's own figure (measure.clock_excess): how much longer than the
@@ -43,6 +43,9 @@ class WorkloadResult:
     # it fails above clock_margin_ms.
     clock_excess_ms: float | None = None
     clock_margin_ms: float | None = None
+    # How many calls each timed request ran (runners.harness.measure): the clock check's
+    # figures and the overheads are per request, the times per call.
+    calls_per_request: int | None = None
     # The physical floor of one call on this hardware, and the fraction of it reached.
     floor_ms: float | None = None
     roofline_fraction: float | None = None
@@ -81,6 +84,8 @@ class EvaluationResult:
     seed: int | None = None
     error: str | None = None
     duration_s: float | None = None
+    # The machine and its settings (runners.harness.machine), as the harness read them.
+    machine: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(asdict(self))

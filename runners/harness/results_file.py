@@ -28,6 +28,13 @@ DEVICES = ("cpu", "cuda")
 VERDICTS = ("win", "no-gain", "rejected")
 GUARD_STATUSES = ("pass", "warn", "fail")
 KERNEL_NAME = re.compile(r"[A-Za-z0-9_]{1,100}")
+# Deeper than any line the harness writes (a result nests about five levels); deeper
+# input is refused before anything walks it, so no walk can exhaust Python's stack.
+MAX_DEPTH = 32
+# JSON amplifies (`{},` is 3 bytes of text, ~70 of dict): the characters that open or
+# separate values bound the objects a parse makes, and are counted before parsing. A
+# sweep's file of 500 candidates (the most a sweep has) on 50 workloads holds under a million.
+MAX_JSON_TOKENS = 4_000_000
 
 
 class ResultsFileError(ValueError):
@@ -82,6 +89,24 @@ _HEADER_FIELDS: dict[str, tuple[str, Any]] = {
 }
 
 
+MACHINE_FIELDS = 40
+MACHINE_TEXT = 200
+
+
+def machine_problem(machine: Any) -> str | None:
+    """What is wrong with a `machine` object (runners.harness.machine), or None: pages
+    show it field by field, so it is a small object of short scalars or absent."""
+    if machine is None:
+        return None
+    if not isinstance(machine, dict) or len(machine) > MACHINE_FIELDS:
+        return f"'machine' must be an object of at most {MACHINE_FIELDS} fields, or null"
+    for key, value in machine.items():
+        if len(key) > MACHINE_TEXT or not (value is None or isinstance(value, (bool, int, float))
+                                           or (isinstance(value, str) and len(value) <= MACHINE_TEXT)):
+            return f"'machine' field {key[:40]!r} must be a number, true/false, null or a short string"
+    return None
+
+
 def _check_header(header: Any) -> None:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ResultsFileError(f"line 1: not a results file header (\"format\": \"{FORMAT}\" expected)")
@@ -93,6 +118,9 @@ def _check_header(header: Any) -> None:
             raise ResultsFileError(f"line 1: the header has no {name!r}")
         if not valid(header[name]):
             raise ResultsFileError(f"line 1: {name!r} must be {expected}")
+    problem = machine_problem(header.get("machine"))
+    if problem:
+        raise ResultsFileError(f"line 1: {problem}")
 
 
 def _check_result(result: Any, header: dict[str, Any]) -> str | None:
@@ -131,6 +159,9 @@ def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     for key in ("e2e", "dispatch"):
         if result.get(key) is not None and not isinstance(result[key], dict):
             return f"{key!r} must be an object or null"
+    problem = machine_problem(result.get("machine"))
+    if problem:
+        return problem
     # CONTRACTS §4: the verdict follows from the rest, so a hand-edited one shows.
     failed = not result["correct"] or any(g["status"] == "fail" for g in guards)
     if failed != (result["verdict"] == "rejected"):
@@ -142,25 +173,39 @@ def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     return None
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\0" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+def _walk_problem(value: Any, limit: int) -> str | None:
+    """One walk of a parsed line, without recursion: "deep" where lists and objects nest
+    more than `limit` levels (before anything else), "nul" where a string or key holds
+    a NUL, else None."""
+    nul = False
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            nul = nul or "\0" in item
+        elif isinstance(item, (list, dict)):
+            if depth > limit:
+                return "deep"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            pending += [(child, depth + 1) for child in children]
+    return "nul" if nul else None
 
 
 def _parse_line(text: str, number: int) -> Any:
+    too_deep = f"line {number}: lists and objects nest deeper than {MAX_DEPTH} levels"
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ResultsFileError(too_deep) from None
     except ValueError as error:
         hint = (" (a run that stopped mid-line leaves a partial last line: remove it to import "
                 "the rest)") if number > 1 else ""
         raise ResultsFileError(f"line {number}: not valid JSON: {error}{hint}") from None
+    problem = _walk_problem(value, MAX_DEPTH)
+    if problem == "deep":
+        raise ResultsFileError(too_deep)
     # JSON may spell a NUL (\u0000); no source, name or database column holds one.
-    if _has_nul(value):
+    if problem == "nul":
         raise ResultsFileError(f"line {number}: a string contains a NUL character")
     return value
 
@@ -171,6 +216,10 @@ def read(data: bytes) -> ResultsFile:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ResultsFileError(f"the file is not UTF-8 text (byte {error.start})") from None
+    tokens = sum(text.count(character) for character in "{[,:\n")  # lines too: each is a list entry
+    if tokens > MAX_JSON_TOKENS:
+        raise ResultsFileError(f"the file holds {tokens:,} JSON values and separators; at most "
+                               f"{MAX_JSON_TOKENS:,} are read (split the sweep into several files)")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -30,6 +30,7 @@ from runners.harness import dsl as dsls
 from runners.harness import results_file
 from runners.harness.e2e_command import BUDGET_S as E2E_COMMAND_BUDGET_S
 from runners.harness.evaluate import UsageError, evaluate
+from runners.harness.machine import machine_state
 from runners.ops import Op, get_op
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -145,6 +146,7 @@ def sweep(
         "baseline_source": baseline_path.read_text(encoding="utf-8"),
         "harness": {"version": _harness_version(), "commit": _harness_commit(),
                     "torch": torch.__version__, "python": platform.python_version()},
+        "machine": machine_state(device),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     lines = []

@@ -7,20 +7,27 @@ this process, so the judge bounds every reported time by its own clock and the C
 it reads from outside (measure.py). Every call goes through the same `run` whether it
 is a correctness check, a warm-up or a timed call; the child cannot tell them apart.
 
-On a CPU the outputs of the last KEPT_OUTPUTS calls stay alive through the next call,
-so the judge can see that it does not write into an earlier output (an output that
+A request runs a batch of calls, each on its own input set (its own slot), and reports
+their total: the judge times short calls in batches, so that a time that is a lie shows
+on its clock as many times over as the batch is long, while the harness's own cost of a
+request is paid once (runners.harness.measure).
+
+On a CPU the outputs of the last KEPT_OUTPUTS requests stay alive through the next one,
+so the judge can see that a call does not write into an earlier output (an output that
 aliases another is right when read and wrong after the next call). Before each call an
 older one is poisoned in place and dropped, and memory of its size is poisoned too (all bits set: NaN as a float, -1
 as an index), so a candidate that returns `torch.empty` memory hoping it still holds an
 earlier answer returns NaN instead.
 
 CUDA: every input set is captured once into a CUDA graph (production replays graphs; a
-candidate that cannot be captured is rejected) and each call is a replay, with the
-persisting-L2 limit reset to 0 and the L2 flushed by writing twice its size. The events
-bracket the replay on the GPU's own clock: the GPU is held busy while the host queues
-start event, replay and end event, so no host latency (the graph launch, a synchronize
-returning) falls between them, and a capture joins every side stream it forks, so the
-end event follows all of the call's work. A device-wide synchronize ends each call.
+candidate that cannot be captured is rejected) and each call is a replay, with the L2
+flushed by writing twice its size before it; the persisting-L2 limit is reset to 0
+before each request. The events bracket each replay on the GPU's own clock: the GPU is
+held busy while the host queues the first call's start event, replay and end event, and
+then by each next call's flush, which takes the GPU longer than the host takes to queue
+that call, so no host latency (the graph launch, a synchronize returning) falls between
+them; a capture joins every side stream it forks, so the end event follows all of the
+call's work. A device-wide synchronize ends the request.
 """
 
 from __future__ import annotations
@@ -58,8 +65,9 @@ class CaptureError(Exception):
 
 class Runner(Protocol):
     forward: Callable[..., Any]
-    last_output: Any
-    last_slot: str | None
+    # The outputs of the last request's calls, in order, and their slots.
+    last_outputs: list[Any]
+    last_slots: list[str]
     # The aten ops the last load or run ran beside its DSL launches (None: not recorded).
     last_torch_ops: dict[str, int] | None
 
@@ -67,7 +75,7 @@ class Runner(Protocol):
 
     def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None: ...
 
-    def run(self, slot: str) -> tuple[float, int | None]: ...
+    def run(self, slots: list[str]) -> tuple[float, int | None]: ...
 
     def drop(self, slot: str) -> None: ...
 
@@ -94,6 +102,12 @@ def _torch_ops(counted: Any) -> dict[str, int] | None:
     return dict(ops) if isinstance(ops, dict) else None
 
 
+def _fewest(counts: list[int | None]) -> int | None:
+    """A batch's launches as the DSL check reads one call's: the call that launched least."""
+    known = [count for count in counts if count is not None]
+    return min(known) if known else None
+
+
 def _nbytes(value: Any) -> int:
     return value.untyped_storage().nbytes() if type(value) is torch.Tensor else 0
 
@@ -117,8 +131,8 @@ class CpuRunner:
         self.slots: dict[str, tuple[Any, ...]] = {}
         # End-to-end decode steps (zero-argument callables), timed like a forward call.
         self.steps: dict[str, Callable[[], Any]] = {}
-        self.last_output: Any = None
-        self.last_slot: str | None = None
+        self.last_outputs: list[Any] = []
+        self.last_slots: list[str] = []
         self.last_torch_ops: dict[str, int] | None = None
         self._kept: list[Any] = []
         self._last_nbytes = 0
@@ -135,7 +149,22 @@ class CpuRunner:
         self.slots[slot] = ()
         self.steps[slot] = step
 
-    def run(self, slot: str) -> tuple[float, int | None]:
+    def run(self, slots: list[str]) -> tuple[float, int | None]:
+        self.last_outputs, self.last_slots = [], []
+        elapsed, launches, torch_ops = 0, [], {}
+        for slot in slots:
+            took, counted = self._call(slot, kept=KEPT_OUTPUTS * len(slots))
+            elapsed += took
+            launches.append(_count(counted))
+            for name, count in (_torch_ops(counted) or {}).items():
+                torch_ops[name] = max(count, torch_ops.get(name, 0))
+        # A step's launches are not a forward call's: the DSL check counts calls only.
+        step = any(slot in self.steps for slot in slots)
+        self.last_torch_ops = None if step else torch_ops or None
+        return elapsed / 1e6, None if step else _fewest(launches)
+
+    def _call(self, slot: str, *, kept: int) -> tuple[int, Any]:
+        """One call, in ns: the outputs of the last `kept` calls stay alive through it."""
         args = self.slots[slot]
         call = self.steps.get(slot, self.forward)
         # The last output's size: the block a stale answer would sit in. Before the first
@@ -145,8 +174,7 @@ class CpuRunner:
         # cost before the call would differ between kernels (runners.harness.measure's
         # clock check compares it).
         size = self._last_nbytes or max(0, *(_nbytes(arg) for arg in args))
-        self.last_output, self.last_slot = None, None
-        if len(self._kept) > KEPT_OUTPUTS:
+        while len(self._kept) > kept:
             # Poisoned where it lies, then freed (a fresh block of the same size may not
             # be the one it was freed from: free memory of its size is poisoned too).
             _poison_storage(self._kept.pop(0))
@@ -161,19 +189,17 @@ class CpuRunner:
                 elapsed = _perf_counter_ns() - start
             finally:
                 gc.enable()
-        self.last_output, self.last_slot = output, slot
+        self.last_outputs.append(output)
+        self.last_slots.append(slot)
         self._kept.append(output)
         self._last_nbytes = _nbytes(output)
-        # A step's launches are not a forward call's: the DSL check counts calls only.
-        step = slot in self.steps
-        self.last_torch_ops = None if step else _torch_ops(counted)
-        return elapsed / 1e6, None if step else _count(counted)
+        return elapsed, counted
 
     def drop(self, slot: str) -> None:
         self.slots.pop(slot, None)
         self.steps.pop(slot, None)
-        if self.last_slot == slot:
-            self.last_output, self.last_slot = None, None
+        if slot in self.last_slots:
+            self.last_outputs, self.last_slots = [], []
         for output in self._kept:
             _poison_storage(output)
         self._kept.clear()
@@ -273,8 +299,8 @@ class CudaRunner:
         # Writing twice the L2 size evicts every line the previous call left behind.
         self.flush = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device="cuda")
         self.persisting_l2 = _PersistingL2()
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
+        # A start and an end event per call of a request, made as batches grow.
+        self.events: list[tuple[Any, Any]] = []
         # Bound before any candidate is imported, like the clock (see HOLD_CYCLES).
         self.hold = torch.cuda._sleep
         # One memory pool per group of slots (a workload's pool of input sets): safe
@@ -284,8 +310,8 @@ class CudaRunner:
         # Per slot, the shared memory each call's output is copied to once it is timed
         # (runners.harness.device_memory.Shared), for the judge to read.
         self.staging: dict[str, Any] = {}
-        self.last_output: Any = None
-        self.last_slot: str | None = None
+        self.last_outputs: list[Any] = []
+        self.last_slots: list[str] = []
         self.last_torch_ops: dict[str, int] | None = None
 
     def prepare(self, slot: str, args: tuple[Any, ...]) -> int | None:
@@ -329,30 +355,37 @@ class CudaRunner:
         torch.cuda.synchronize()
         self.slots[slot] = _Captured(step, output, None, step=True)
 
-    def run(self, slot: str) -> tuple[float, int | None]:
-        captured = self.slots[slot]
-        self.last_output, self.last_slot = None, None
+    def run(self, slots: list[str]) -> tuple[float, int | None]:
+        batch = [self.slots[slot] for slot in slots]
+        self.last_outputs, self.last_slots = [], []
+        while len(self.events) < len(batch):
+            self.events.append((torch.cuda.Event(enable_timing=True),
+                                torch.cuda.Event(enable_timing=True)))
         self.persisting_l2.reset()
-        _poison_storage(captured.output)
+        for captured in batch:
+            _poison_storage(captured.output)
         torch.cuda.synchronize()
-        self.flush.fill_(1)
         self.hold(HOLD_CYCLES)
-        self.start.record()
-        captured.replay()
-        self.end.record()
-        self._stage(slot, captured.output)
+        for slot, captured, (start, end) in zip(slots, batch, self.events, strict=False):
+            self.flush.fill_(1)
+            start.record()
+            captured.replay()
+            end.record()
+            self._stage(slot, captured.output)
         torch.cuda.synchronize()
-        self.last_output, self.last_slot = captured.output, slot
-        self.last_torch_ops = captured.torch_ops
-        return self.start.elapsed_time(self.end), captured.launches
+        self.last_outputs = [captured.output for captured in batch]
+        self.last_slots = list(slots)
+        self.last_torch_ops = batch[-1].torch_ops
+        elapsed = sum(start.elapsed_time(end) for start, end in self.events[:len(batch)])
+        return elapsed, _fewest([captured.launches for captured in batch])
 
     def drop(self, slot: str) -> None:
         captured = self.slots.pop(slot, None)
         staging = self.staging.pop(slot, None)
         if staging is not None:
             staging.close()
-        if self.last_slot == slot:
-            self.last_output, self.last_slot = None, None
+        if slot in self.last_slots:
+            self.last_outputs, self.last_slots = [], []
         if captured is not None and captured.step:
             del captured
             torch.cuda.empty_cache()  # a step's weights and graph pool are large

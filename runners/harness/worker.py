@@ -126,14 +126,19 @@ class Worker:
         return {"launches": launches, "torch_ops": self.runner.last_torch_ops, **found}, {}
 
     def _run(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        elapsed_ms, launches = self.runner.run(request["slot"])
-        facts = output_facts(self.runner.last_output)
-        if self.device == "cuda" and "strides" in facts:
-            # The judge reads the staged copy, which is contiguous.
-            facts.update(slot=request["slot"],
-                         strides=list(torch.empty(facts["shape"], device="meta").stride()))
+        """One call per slot named (a batch: request["slots"]), their total time, and
+        where each call's output is."""
+        slots = request["slots"] if "slots" in request else [request["slot"]]
+        elapsed_ms, launches = self.runner.run(slots)
+        outputs = []
+        for slot, output in zip(self.runner.last_slots, self.runner.last_outputs, strict=True):
+            facts = output_facts(output)
+            if self.device == "cuda" and "strides" in facts:
+                # The judge reads the staged copy, which is contiguous.
+                facts.update(slot=slot, strides=list(torch.empty(facts["shape"], device="meta").stride()))
+            outputs.append(facts)
         return {"ms": elapsed_ms, "launches": launches, "torch_ops": self.runner.last_torch_ops,
-                "output": facts}, {}
+                "outputs": outputs}, {}
 
     def _e2e_prepare(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Builds the decode step for one end-to-end point with this process's forward
@@ -190,7 +195,8 @@ class LocalWorker:
         return Reply(header, {}, math.nan)
 
     def read_output(self, facts: dict[str, Any], max_bytes: int) -> torch.Tensor | None:
-        output = self.worker.runner.last_output
+        outputs = self.worker.runner.last_outputs
+        output = outputs[-1] if outputs else None
         if type(output) is not torch.Tensor or output.numel() * output.element_size() > max_bytes:
             return None
         # The judge's side of a real child holds a copy, never the live tensor.

@@ -113,6 +113,10 @@ def _validated(
     return sorted(set(checked))
 
 
+def _rounded_up(value: int, multiple: int | None) -> int:
+    return value if not multiple else -(-value // multiple) * multiple
+
+
 class Op:
     """One kernel task. Subclasses live in `runners/ops/<name>/__init__.py` as `OP`."""
 
@@ -130,11 +134,24 @@ class Op:
     # clock (runners.harness.new_shapes): this factor of the steady call, or the floor
     # (ms) of the device, whichever is larger, beyond what it cost the baseline. A serving
     # engine meets a new size every decode step: a compile per size is a stall per step.
-    # The CPU's floor allows for a 2-core machine's scheduling, not for a compiler.
-    first_call_budget: tuple[float, Mapping[str, float]] = (10.0, {"cpu": 50.0, "cuda": 5.0})
+    # The CPU's floor allows for a 2-core machine's scheduling, not for a compiler; the
+    # GPU's for capturing a graph at a new size and allocating for it (29 ms for an
+    # honest torch rmsnorm at a new token count on an H200, the kept kernel's 9 ms), not
+    # for a compiler (every one measured there cost 110 ms to 9 s a new size).
+    first_call_budget: tuple[float, Mapping[str, float]] = (10.0, {"cpu": 50.0, "cuda": 50.0})
     # Workload parameters that follow from its size (the paged ops' token total and block
     # counts): they tell no two kinds of workload apart, so curves and new shapes ignore them.
     sized_params: frozenset[str] = frozenset()
+    # Tensor shapes follow the context length rounded up to this multiple, per device:
+    # a server allocates its block table and cache for a bucket of lengths and replays
+    # one graph inside it, so a kernel that specializes on shapes pays once a bucket, and
+    # the padding (a wider table, a larger cache) is in its timing. None: shapes follow
+    # the length itself.
+    context_bucket: Mapping[str, int] | None = None
+    # Batches are padded up to a multiple of this, per device, as a server pads a batch
+    # to the next size it captured a graph for: the padding rows are in the candidate's
+    # call and timing. None: the batch is called as it is.
+    batch_bucket: Mapping[str, int] | None = None
     # Decode steps in one timed call of the end-to-end loop, per device, for ops the
     # decode loop serves (runners.e2e.model.PagedDecodeLoop); None: a single step.
     decode_steps: Mapping[str, int] | None = None
@@ -152,6 +169,21 @@ class Op:
 
     def default_context_lengths(self, device: str) -> list[int]:
         raise NotImplementedError
+
+    def buckets(self, device: str) -> dict[str, int]:
+        """The shape buckets on `device`, by the workload parameter they round up
+        ("context_length", "batch"): only those the op declares."""
+        declared = (("context_length", self.context_bucket), ("batch", self.batch_bucket))
+        return {axis: by_device[device] for axis, by_device in declared
+                if by_device and by_device.get(device)}
+
+    def bucketed(self, device: str, context_length: int) -> int:
+        """The context length the shapes are made for (context_bucket)."""
+        return _rounded_up(context_length, self.buckets(device).get("context_length"))
+
+    def padded_batch(self, device: str, batch: int) -> int:
+        """The batch size the candidate is called with (batch_bucket)."""
+        return _rounded_up(batch, self.buckets(device).get("batch"))
 
     def default_batch_sizes(self, device: str) -> list[int]:
         raise NotImplementedError

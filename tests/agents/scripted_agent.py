@@ -16,8 +16,20 @@ for this proposal from the list, cycling. Modes:
     symlink    replaces the kernel by a link to a file of the machine it runs on
     nothing    changes nothing
     fail       exits with status 3
-    hang       never finishes, with a child process that never does either (their pids
-               go to the file SCRIPTED_AGENT_PIDS names, when set)
+    hang:TOKEN never finishes, with a child process that never does either (TOKEN is on
+               both command lines, for the test to look for them)
+    probe:PORT:DIR
+               tries what a hostile agent would, aimed at the folder DIR outside its
+               checkout (which holds a file `app.sqlite3`): read the app's secrets from
+               its environment and from every process's /proc/<pid>/environ, read
+               DIR/app.sqlite3, connect to the app's broker (127.0.0.1:PORT), write
+               DIR/written-by-agent, leave a helper running in a
+               session of its own (TOKEN: DIR's name, on its command line), plant a
+               core.fsmonitor in the checkout's .git/config that touches
+               DIR/fsmonitor-ran; it writes what it managed into the kernel, as a comment
+    link:DIR   replaces the kernel's folder by a link to DIR (a folder of the machine
+               the agent knows of, with a kept.py in it)
+    whoami     writes its uid, pid and environment's names into the kernel, as a comment
 
 It refuses to work (exit 4) without its context, and (exit 5) when it was handed the
 app's database or broker: an agent gets neither.
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -62,6 +75,55 @@ def improve(kernel: Path) -> None:
     if not count or tuned == source:
         tuned = source.rstrip("\n") + "\n\n# Tuned by the scripted agent.\n"
     kernel.write_text(tuned)
+
+
+def probe(kernel: Path, port: int, target: Path) -> None:
+    found = []
+    if "SECRET_KEY" in os.environ:
+        found.append("secret in its environment")
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if b"SECRET_KEY=" in environ.read_bytes():
+                found.append(f"secret in {environ}")
+        except OSError:
+            pass
+    try:
+        found.append(f"read the database ({len((target / 'app.sqlite3').read_bytes())} bytes)")
+    except OSError:
+        pass
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        found.append("reached the broker")
+    except OSError:
+        pass
+    try:
+        (target / "written-by-agent").write_text("the agent was here")
+        found.append("wrote outside its checkout")
+    except OSError:
+        pass
+    helper = f"import os, time; os.setsid(); time.sleep(3600)  # {target.name}"
+    if os.fork() == 0:  # double fork: the helper is nobody's child
+        if os.fork() == 0:
+            quiet = os.open(os.devnull, os.O_RDWR)
+            for descriptor in (0, 1, 2):  # holds none of the agent's pipes open
+                os.dup2(quiet, descriptor)
+            os.execv(sys.executable, [sys.executable, "-c", helper])
+        os._exit(0)
+    os.wait()
+    config = Path(".git/config")
+    try:
+        with open(config, "a") as handle:
+            handle.write(f"[core]\n\tfsmonitor = touch {target}/fsmonitor-ran\n")
+        found.append("planted core.fsmonitor")
+    except OSError:
+        pass
+    kernel.write_text(kernel.read_text().rstrip("\n") + f"\n\n# probe: {'; '.join(found) or 'nothing'}\n")
+
+
+def link(kernel: Path, target: Path) -> None:
+    folder = kernel.parent
+    os.rename(folder, f"{folder}.moved")
+    folder.symlink_to(target)
 
 
 def main() -> int:
@@ -100,11 +162,17 @@ def main() -> int:
     elif mode == "fail":
         print("the scripted agent gives up", file=sys.stderr)
         return 3
-    elif mode == "hang":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        if os.environ.get("SCRIPTED_AGENT_PIDS"):  # for the test to check both were stopped
-            Path(os.environ["SCRIPTED_AGENT_PIDS"]).write_text(f"{os.getpid()} {child.pid}")
+    elif mode.startswith("hang:"):
+        subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(3600)  # {mode[5:]}"])
         time.sleep(3600)
+    elif mode.startswith("probe:"):
+        port, target = mode[6:].split(":", 1)
+        probe(kernel, int(port), Path(target))
+    elif mode.startswith("link:"):
+        link(kernel, Path(mode[5:]))
+    elif mode == "whoami":
+        kernel.write_text(kernel.read_text().rstrip("\n") + f"\n\n# whoami: uid={os.getuid()} "
+                          f"pid={os.getpid()} env={','.join(sorted(os.environ))}\n")
     else:
         print(f"unknown mode {mode!r}", file=sys.stderr)
         return 2

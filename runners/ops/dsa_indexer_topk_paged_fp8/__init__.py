@@ -81,7 +81,7 @@ class DsaIndexerTopkPagedFp8(DsaIndexerTopkPaged):
         return (
             rows * p["heads"] * p["head_dim"]  # q, one byte an element
             + p["tokens"] * (p["head_dim"] + 4)  # each sequence's keys and their scales
-            + 4 * p["batch"] * (p["max_blocks"] + 1)
+            + 4 * (blocks_for(p["tokens"]) + 2 * p["batch"])
             + 4 * rows * p["heads"]
             + 8 * rows * p["topk"]
         )
