@@ -342,3 +342,30 @@ def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
     assert guard in failing, failing
     for fragment in fragments:
         assert fragment in failing[guard], failing[guard]
+
+
+def test_a_refusal_while_importing_counts_however_late_the_judge_reads_the_start(monkeypatch):
+    """The judge forgives what the jail refused during the harness's own start (torch
+    probing cores). A judge slow to read the start's reply (a loaded machine) must not
+    forgive the candidate's import too: the worker waits for the judge's word to load."""
+    from runners.harness import children
+
+    first_reading = children.Child.read_jail_report
+    late = set()
+
+    def read_late(self):
+        if id(self) not in late:
+            late.add(id(self))
+            time.sleep(2.0)  # long enough for an import that did not wait to be done
+        first_reading(self)
+
+    monkeypatch.setattr(children.Child, "read_jail_report", read_late)
+    left = Path("/tmp/kernel-lab-answers.pt")
+    left.unlink(missing_ok=True)
+    path = CANDIDATES / "rmsnorm_saves_outside_with_torch.py"
+    result = evaluate("rmsnorm", path, dsl=kernel_dsl(path), context_lengths=[64],
+                      time_budget_s=0.3, limits=LIMITS, seed=20261201)
+    assert not left.exists()
+    failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    assert result.verdict == "rejected", result.guards
+    assert "kernel-lab-answers.pt" in failing.get("jail", ""), failing

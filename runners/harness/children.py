@@ -237,6 +237,12 @@ class Child:
             self.kill()
             raise ChildFailure("jail", f"the {self.label}'s supervisor never said which "
                                        "process it jailed", self.role)
+        # Only now may it import the candidate: whatever the jail refuses from here on is
+        # the candidate's.
+        try:
+            wire.write_message(self._requests, {"do": "load"})
+        except OSError:
+            raise self._died("starting", phase_guard="process") from None
         arena_address = self.started.get("arena_address")
         self._arena_address = arena_address if isinstance(arena_address, int) else None
         if self.gpu is not None:

@@ -244,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     wire.write_message(replies, {"ok": True, "stage": "started", "threads": torch.get_num_threads(),
                                  "cache": runner.describe(), **where})
 
+    # The judge files what the jail refused so far as the harness's own start; the
+    # candidate's code runs only once it has (else a refusal made while importing it
+    # could be read as the start's, and forgiven).
+    go, _ = wire.read_message(requests)
+    if go.get("do") != "load":
+        return 0
     box.install()
     try:
         candidate = load_candidate(Path(setup["candidate"]))
