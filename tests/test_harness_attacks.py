@@ -60,10 +60,13 @@ ATTACKS = {
 ATTACKS_CUDA = {
     "rmsnorm_leaves_gpu_work.py": (3, "clock", [], [65536]),
     "rmsnorm_halves_gpu_time.py": (3, "clock", [], [65536]),
+    "rmsnorm_skips_the_harness_work.py": (3, "timed-outputs", [], [1024, 65536]),
 }
 GPU_WORK_GUARDS = {"clock": "judge's",
                    "correctness": "values differ from the reference",
                    "roofline": "is below the physical floor"}
+# An attack on the harness's own work is seen by the output it did not copy for the judge.
+SKIPPED_WORK_GUARDS = {"timed-outputs": "values differ from the reference"}
 
 # What each does outside the harness, as a script that exits 0 when it misbehaved.
 # CANDIDATE is the candidate's path; `load()` imports it as a module.
@@ -215,6 +218,42 @@ DEMOS_CUDA = {
         start.record(); runner.slots["s"].replay(); end.record(); torch.cuda.synchronize()
         assert reported < 0.7 * start.elapsed_time(end), (reported, start.elapsed_time(end))
     """,
+    "rmsnorm_skips_the_harness_work.py": """
+        from runners.harness import timing
+        from runners.harness.device_memory import Shared
+        def request(runner, slots):  # the judge's view of a timed request: round trip, and what was reported
+            torch.cuda.synchronize(); start = time.perf_counter()
+            reported, _ = runner.run(slots, poison=False)
+            return (time.perf_counter() - start) * 1e3, reported
+        def overhead(runner, slots):
+            trips = sorted(trip - reported for trip, reported in (request(runner, slots) for _ in range(30)))
+            return trips[len(trips) // 2]
+        def ready(runner):  # as the worker prepares it: a staging area per slot, then the capture
+            for i, args in enumerate(inputs):
+                runner.staging[f"w:{i}"] = Shared.create(args[0].numel() * 4)[0]
+                runner.prepare(f"w:{i}", args)
+        w = torch.randn(4096, device="cuda")
+        inputs = [(torch.randn(1024, 4096, device="cuda"), w, 1e-6) for _ in range(32)]
+        slots = [f"w:{i}" for i in range(32)]
+        honest = timing.CudaRunner(timing.no_counter); honest.forward = lambda x, w, eps: rmsnorm(x, w, eps)
+        ready(honest)
+        honest_overhead = overhead(honest, slots)
+        c = load(); runner = timing.CudaRunner(timing.no_counter); runner.forward = c.forward
+        ready(runner)
+        lying_overhead = overhead(runner, slots)
+        reported = min(request(runner, slots)[1] for _ in range(10))
+        def replayed():  # the same calls, timed from outside its runner
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(); start.record()
+            for slot in slots:
+                runner.slots[slot].replay()
+            end.record(); torch.cuda.synchronize()
+            return start.elapsed_time(end)
+        true_ms = min(replayed() for _ in range(10))
+        assert reported < 0.8 * true_ms, (reported, true_ms)  # it claims less than it takes
+        # ... and its requests leave no more beyond their reported times than honest ones do
+        assert lying_overhead < honest_overhead + 0.05, (lying_overhead, honest_overhead)
+    """,
     "rmsnorm_leaves_gpu_work.py": """
         from runners.harness import timing
         runner = timing.CudaRunner(timing.no_counter)
@@ -269,7 +308,8 @@ def test_the_gpu_attack_is_rejected_inside_the_harness_for_its_reason(name):
                       time_budget_s=0.5, limits=Limits(import_s=60, call_s=90), seed=20261201)
     assert result.verdict == "rejected", result.guards
     failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
-    seen = [name for name, fragment in GPU_WORK_GUARDS.items() if fragment in failing.get(name, "")]
+    guards = GPU_WORK_GUARDS if ATTACKS_CUDA[name][1] == "clock" else SKIPPED_WORK_GUARDS
+    seen = [guard for guard, fragment in guards.items() if fragment in failing.get(guard, "")]
     assert seen, failing
 
 

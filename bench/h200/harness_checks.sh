@@ -16,7 +16,12 @@
 #   clock          the clock check on short calls, timed in batches: how far honest
 #                  processes' requests land apart (A/A, and the Triton and CuTe rmsnorm
 #                  kernels against the baseline; bench/harness_overhead.py), and the
-#                  GPU clock hacks at a short call (T=1024) and a long one.
+#                  GPU clock hacks at a short call (T=1024) and a long one (the CuTe
+#                  kernel only where CuTe DSL is on PYTHONPATH),
+#   attacks        the GPU attacks of tests/test_harness_attacks.py: each shown misbehaving
+#                  outside the harness, then rejected inside it,
+#   machine        the machine state a result reports (runners/harness/machine.py), read
+#                  through NVML, and what the results-file check says of it.
 #
 #   bash bench/h200/harness_checks.sh SECTION ...
 #
@@ -31,7 +36,7 @@
 set -uo pipefail
 SECTIONS=("$@")
 if [[ $# -eq 0 ]]; then
-  echo "usage: $0 SECTION ... (aa, corpus, red_team, repeatability, paged, first_call, kept_loop, graph_replay, clock)" >&2
+  echo "usage: $0 SECTION ... (aa, corpus, red_team, repeatability, paged, first_call, kept_loop, graph_replay, clock, attacks, machine)" >&2
   exit 2
 fi
 cd "$(dirname "$0")/../.."
@@ -89,13 +94,26 @@ wanted clock && section clock ${CLOCK_S:-420} bash -c 'ctx=1024,16384,65536
   python3 bench/harness_overhead.py --device "$0" --ctx $ctx --runs 2 >"$1/clock_aa.txt"
   python3 bench/harness_overhead.py --device "$0" --ctx $ctx --runs 2 --dsl triton \
     --candidate runners/ops/rmsnorm/kernels/rows_triton.py >"$1/clock_triton.txt"
-  python3 bench/harness_overhead.py --device "$0" --ctx $ctx --runs 1 --dsl cute \
-    --candidate runners/ops/rmsnorm/kernels/rows_cute.py >"$1/clock_cute.txt"
-  for hack in rmsnorm_halves_gpu_time rmsnorm_leaves_gpu_work; do
+  if python3 -c "import cutlass" 2>/dev/null; then
+    python3 bench/harness_overhead.py --device "$0" --ctx $ctx --runs 1 --dsl cute \
+      --candidate runners/ops/rmsnorm/kernels/rows_cute.py >"$1/clock_cute.txt"; fi
+  for hack in rmsnorm_halves_gpu_time rmsnorm_leaves_gpu_work rmsnorm_skips_the_harness_work; do
     python3 -m runners.harness evaluate rmsnorm tests/candidates/$hack.py --device "$0" --ctx 1024,65536 \
       --json >"$1/clock_$hack.json"
     python3 bench/h200/verdict.py "$1/clock_$hack.json"; done
   tail -n 1 "$1"/clock_*.txt' "$DEVICE" "$OUT/checks"
+
+wanted attacks && section attacks 300 python3 -m pytest -c /dev/null --noconftest -p no:cacheprovider -v -rA \
+  tests/test_harness_attacks.py -k gpu_attack --rootdir .
+
+wanted machine && section machine 60 python3 -c 'import json
+from runners.harness.machine import COMPARED, machine_state
+from runners.harness.results_file import machine_problem
+state = machine_state("cuda")
+print(json.dumps(state, indent=1))
+unknown = [key for key in COMPARED if state.get(key) is None]
+print("nvml:", state.get("nvml"), "| results-file check:", machine_problem(state) or "ok",
+      "| compared fields unknown:", ", ".join(unknown) or "none")'
 
 tar czf "$OUT/checks.tgz" -C "$OUT" checks && rm -rf "$OUT/checks"
 printf '%s\n' "${SUMMARY[@]}"

@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
-from runners.harness.timing import HOLD_CYCLES  # noqa: E402
 from runners.ops import get_op  # noqa: E402
 from runners.space import grid_points, materialize, read_literals  # noqa: E402
 
@@ -114,9 +113,14 @@ def time_graph(forward, inputs: dict, replays: int, flush: torch.Tensor) -> list
     return [timed_replay(graph, flush) for _ in range(replays)]
 
 
+# How long the GPU spins while the host queues the events and the replay (about 0.5 ms
+# at an H200's clocks), so that no launch latency is timed.
+HOLD_CYCLES = 1_000_000
+
+
 def timed_replay(graph: torch.cuda.CUDAGraph, flush: torch.Tensor) -> float:
-    """ms of one replay on the GPU's clock, after an L2 flush. As in the harness, the GPU
-    spins while the host queues the events and the replay, so no launch latency is timed."""
+    """ms of one replay on the GPU's clock, after an L2 flush. The GPU spins while the host
+    queues the events and the replay, so no launch latency is timed."""
     flush.add_(1)
     torch.cuda._sleep(HOLD_CYCLES)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

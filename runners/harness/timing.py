@@ -49,12 +49,6 @@ _perf_counter_ns = time.perf_counter_ns
 
 # cudaLimitPersistingL2CacheSize in the CUDA runtime's cudaLimit enum.
 _CUDA_LIMIT_PERSISTING_L2 = 0x06
-# How long the GPU spins before the start event, while the host queues the event, the
-# replay and the end event: about 0.5 ms at an H200's clocks, far more than those host
-# calls take. Without it the GPU would sit idle, clock running, until the graph launch
-# arrived: tens of microseconds that differ from process to process, as much as a
-# 0.03 ms kernel itself.
-HOLD_CYCLES = 1_000_000
 
 LaunchCounter = Callable[[], ContextManager[Any]]
 
@@ -75,7 +69,7 @@ class Runner(Protocol):
 
     def load_step(self, slot: str, step: Callable[[], Any], output: Any) -> None: ...
 
-    def run(self, slots: list[str]) -> tuple[float, int | None]: ...
+    def run(self, slots: list[str], *, poison: bool = True) -> tuple[float, int | None]: ...
 
     def drop(self, slot: str) -> None: ...
 
@@ -149,11 +143,11 @@ class CpuRunner:
         self.slots[slot] = ()
         self.steps[slot] = step
 
-    def run(self, slots: list[str]) -> tuple[float, int | None]:
+    def run(self, slots: list[str], *, poison: bool = True) -> tuple[float, int | None]:
         self.last_outputs, self.last_slots = [], []
         elapsed, launches, torch_ops = 0, [], {}
         for slot in slots:
-            took, counted = self._call(slot, kept=KEPT_OUTPUTS * len(slots))
+            took, counted = self._call(slot, kept=KEPT_OUTPUTS * len(slots), poison=poison)
             elapsed += took
             launches.append(_count(counted))
             for name, count in (_torch_ops(counted) or {}).items():
@@ -163,8 +157,12 @@ class CpuRunner:
         self.last_torch_ops = None if step else torch_ops or None
         return elapsed / 1e6, None if step else _fewest(launches)
 
-    def _call(self, slot: str, *, kept: int) -> tuple[int, Any]:
-        """One call, in ns: the outputs of the last `kept` calls stay alive through it."""
+    def _call(self, slot: str, *, kept: int, poison: bool) -> tuple[int, Any]:
+        """One call, in ns: the outputs of the last `kept` calls stay alive through it.
+        With `poison` (correctness calls), no earlier answer is left where its output
+        may land. A timed call is not poisoned: its inputs are new, so an earlier answer
+        is a wrong one, and work of the harness's around a timed call is time a candidate
+        that undid it could claim."""
         args = self.slots[slot]
         call = self.steps.get(slot, self.forward)
         # The last output's size: the block a stale answer would sit in. Before the first
@@ -177,9 +175,12 @@ class CpuRunner:
         while len(self._kept) > kept:
             # Poisoned where it lies, then freed (a fresh block of the same size may not
             # be the one it was freed from: free memory of its size is poisoned too).
-            _poison_storage(self._kept.pop(0))
-        # Whichever block the allocator hands out next, no earlier answer is left in it.
-        torch.empty(size, dtype=torch.uint8).fill_(255)
+            dropped = self._kept.pop(0)
+            if poison:
+                _poison_storage(dropped)
+        if poison:
+            # Whichever block the allocator hands out next, no earlier answer is left in it.
+            torch.empty(size, dtype=torch.uint8).fill_(255)
         with self.counter() as counted:
             # A collection inside the call would be charged to whoever was running.
             gc.disable()
@@ -288,6 +289,11 @@ class _Captured:
     step: bool = False
     # Recorded around the eager call and the capture: the graph replays torch's kernels.
     torch_ops: dict[str, int] | None = None
+    # The start and end events the graph itself records around the call (external
+    # events, nodes of the graph): the GPU runs them right before and after the call's
+    # kernels whatever the host is doing, so a call's time never holds a launch's
+    # latency and the GPU need not be held while the host queues a request.
+    events: tuple[Any, Any] | None = None
 
 
 class CudaRunner:
@@ -296,13 +302,9 @@ class CudaRunner:
         self.counter = counter
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         self.l2_bytes = getattr(properties, "L2_cache_size", 0) or 64 * 2**20
-        # Writing twice the L2 size evicts every line the previous call left behind.
-        self.flush = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device="cuda")
         self.persisting_l2 = _PersistingL2()
-        # A start and an end event per call of a request, made as batches grow.
-        self.events: list[tuple[Any, Any]] = []
-        # Bound before any candidate is imported, like the clock (see HOLD_CYCLES).
-        self.hold = torch.cuda._sleep
+        # Around a decode step, whose graph runners.e2e.step captured: recorded by the host.
+        self.step_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         # One memory pool per group of slots (a workload's pool of input sets): safe
         # because replays never overlap and every captured output is kept alive.
         self.pools: dict[str, Any] = {}
@@ -329,14 +331,18 @@ class CudaRunner:
                 self.forward(*args)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
+            events = (torch.cuda.Event(enable_timing=True, external=True),
+                      torch.cuda.Event(enable_timing=True, external=True))
             try:
                 with torch.cuda.graph(graph, pool=pool):
+                    events[0].record()
                     output = self.forward(*args)
+                    events[1].record()
             except Exception as error:
                 raise CaptureError(first_cause(error)) from None
         torch.cuda.synchronize()
         self.slots[slot] = _Captured(graph.replay, output, _count(counted),
-                                     torch_ops=_torch_ops(counted))
+                                     torch_ops=_torch_ops(counted), events=events)
         self.last_torch_ops = self.slots[slot].torch_ops
         return self.slots[slot].launches
 
@@ -355,28 +361,39 @@ class CudaRunner:
         torch.cuda.synchronize()
         self.slots[slot] = _Captured(step, output, None, step=True)
 
-    def run(self, slots: list[str]) -> tuple[float, int | None]:
+    def run(self, slots: list[str], *, poison: bool = True) -> tuple[float, int | None]:
+        """Replays each slot's graph in turn, each call timed by the events its graph
+        records. Nothing of the harness's runs on the GPU between the calls but each
+        output's copy for the judge: the judge flushed the L2 before the request (from its
+        own process, runners.harness.observe.GpuProbe), and anything the harness did
+        here that the candidate's code could undo would be time it could claim. `poison`
+        (for correctness calls) first sets every bit of the outputs' memory."""
+        if len(set(slots)) != len(slots):
+            raise ValueError("a request names each slot once: its graph's events time one call")
         batch = [self.slots[slot] for slot in slots]
         self.last_outputs, self.last_slots = [], []
-        while len(self.events) < len(batch):
-            self.events.append((torch.cuda.Event(enable_timing=True),
-                                torch.cuda.Event(enable_timing=True)))
         self.persisting_l2.reset()
-        for captured in batch:
-            _poison_storage(captured.output)
+        if poison:
+            for captured in batch:
+                _poison_storage(captured.output)
         torch.cuda.synchronize()
-        self.hold(HOLD_CYCLES)
-        for slot, captured, (start, end) in zip(slots, batch, self.events, strict=False):
-            self.flush.fill_(1)
-            start.record()
-            captured.replay()
-            end.record()
+        timed = []
+        for slot, captured in zip(slots, batch, strict=True):
+            if captured.events is None:
+                start, end = self.step_events
+                start.record()
+                captured.replay()
+                end.record()
+                timed.append((start, end))
+            else:
+                captured.replay()
+                timed.append(captured.events)
             self._stage(slot, captured.output)
         torch.cuda.synchronize()
         self.last_outputs = [captured.output for captured in batch]
         self.last_slots = list(slots)
         self.last_torch_ops = batch[-1].torch_ops
-        elapsed = sum(start.elapsed_time(end) for start, end in self.events[:len(batch)])
+        elapsed = sum(start.elapsed_time(end) for start, end in timed)
         return elapsed, _fewest([captured.launches for captured in batch])
 
     def drop(self, slot: str) -> None:
@@ -400,7 +417,7 @@ class CudaRunner:
     def describe(self) -> str | None:
         if self.persisting_l2.problem:
             return f"the persisting-L2 limit could not be reset: {self.persisting_l2.problem}"
-        return (f"L2 flushed by writing {2 * self.l2_bytes / 2**20:.0f} MiB before each call; "
+        return (f"L2 flushed by the judge writing {2 * self.l2_bytes / 2**20:.0f} MiB before each request; "
                 "persisting-L2 limit reset to 0; calls replayed from CUDA graphs")
 
 

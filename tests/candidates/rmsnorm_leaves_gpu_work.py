@@ -1,7 +1,7 @@
 """Leaves its real work running on the GPU after the call replied (CUDA only). The graph
 it lets the harness capture computes nothing; it swaps the *code* of the runner's `run`
 (found in sys.modules, the method object kept) for one that queues the real computation
-after the end event, and waits for that event only, not for the GPU: the reported time
+after its graph's end event, and waits for that event only, not for the GPU: the reported time
 covers an empty graph, and the output is complete by the time anyone reads it.
 """
 
@@ -12,30 +12,24 @@ import torch
 _WORK = {}
 
 PATCHED = """
-def run(self, slots):
+def run(self, slots, *, poison=True):
     batch = [self.slots[slot] for slot in slots]
     self.last_outputs, self.last_slots = [], []
-    while len(self.events) < len(batch):
-        self.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
     self.persisting_l2.reset()
     torch.cuda.synchronize()
-    self.hold(HOLD_CYCLES)
-    for slot, captured, (start, end) in zip(slots, batch, self.events):
-        self.flush.fill_(1)
-        start.record()
+    for slot, captured in zip(slots, batch):
         captured.replay()
-        end.record()
         output = captured.output
         job = _leaves_work.get(output.data_ptr()) if type(output) is torch.Tensor else None
         if job is not None:
             out, x, weight, eps = job
             out.copy_(_leaves_rmsnorm(x, weight, eps))
         self._stage(slot, output)
-    self.events[len(batch) - 1][1].synchronize()
+    batch[-1].events[1].synchronize()
     self.last_outputs = [captured.output for captured in batch]
     self.last_slots = list(slots)
     self.last_torch_ops = batch[-1].torch_ops
-    return sum(start.elapsed_time(end) for start, end in self.events[:len(batch)]), batch[-1].launches
+    return sum(c.events[0].elapsed_time(c.events[1]) for c in batch), batch[-1].launches
 """
 
 

@@ -10,8 +10,8 @@ import sys
 import torch
 
 SCALED = """
-def run(self, slot):
-    elapsed, launches = _honest_run(self, slot)
+def run(self, slots, *, poison=True):
+    elapsed, launches = _honest_run(self, slots, poison=poison)
     return elapsed * 0.5, launches
 """
 
