@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from research import workers, workspace
+from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from research.provenance import is_imported
 from research.services import describe_params
@@ -171,6 +172,25 @@ def _may_keep_unverified(candidate: Candidate, check: Verification) -> None:
                               code="verifiable")
 
 
+def speed_not_decided_here(candidate: Candidate) -> str | None:
+    """Why a win of this candidate cannot be kept for speed, or None: a CPU run decides
+    only whether a kernel is right, unless CPU engines serve its op (Op.cpu_served)."""
+    from runners.ops import get_op
+
+    sweep = candidate.sweep
+    hardware = HARDWARE.get(sweep.hardware)
+    if hardware is None or hardware.device != "cpu" or get_op(sweep.thesis.op).cpu_served:
+        return None
+    return (f"{sweep.thesis.op} is served on GPUs: a CPU run decides whether the kernel is right, "
+            "never whether it is faster. Time it on its GPU class to keep it.")
+
+
+def _speed_decided_here(candidate: Candidate) -> None:
+    why = speed_not_decided_here(candidate)
+    if why:
+        raise ValidationError(why, code="cpu-decides-correctness")
+
+
 def candidate_keep_unverified_request(*, candidate: Candidate, reviewer, commit: str, comment: str = "",
                                       dispatch_min: int | None = None,
                                       dispatch_max: int | None = None) -> UnverifiedKeepRequest:
@@ -180,6 +200,7 @@ def candidate_keep_unverified_request(*, candidate: Candidate, reviewer, commit:
     comment = _clean_comment(comment)
     with transaction.atomic():
         candidate = _locked_waiting_candidate(candidate=candidate, reviewer=reviewer, commit=commit)
+        _speed_decided_here(candidate)
         if not is_imported(candidate):
             raise ValidationError("this win was measured by a worker of the lab: keep it as any other",
                                   code="not-imported")
@@ -208,6 +229,7 @@ def candidate_keep(*, candidate: Candidate, reviewer, commit: str, comment: str 
     comment = _clean_comment(comment)
     with workspace.lock(), transaction.atomic():
         candidate = _locked_waiting_candidate(candidate=candidate, reviewer=reviewer, commit=commit)
+        _speed_decided_here(candidate)
         if not candidate.commit:
             raise ValidationError("this candidate has no commit in the kernel workspace to merge",
                                   code="no-commit")

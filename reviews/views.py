@@ -152,6 +152,8 @@ def _decision_context(request: HttpRequest, candidate: Candidate, form: Decision
         "unverified_request": (candidate.unverified_requests.select_related("requested_by")
                                .filter(revision=candidate.revision).first() if imported else None),
         "hidden_characters": _hidden_characters(candidate) if may_decide or form else [],
+        # A CPU win of an op served on GPUs: revertable, never kept for speed.
+        "speed_not_decided": services.speed_not_decided_here(candidate),
         "may_decide": may_decide or form is not None,
         "why_not": why_not,
         "axis_name": (axis or "size").replace("_", " "),

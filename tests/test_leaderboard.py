@@ -28,7 +28,9 @@ def history(people, workspace_dir, no_enqueue):
     candidate_keep(candidate=kept, reviewer=people.reviewer, commit=kept.commit)
     candidate_revert(candidate=reverted, reviewer=people.reviewer, commit=reverted.commit)
 
-    indexer = make_thesis(hedy, title="Indexer", op="dsa_indexer_topk", context_lengths=[4096], batch_sizes=[1])
+    # On its GPU class: a CPU run of an op served on GPUs decides correctness only.
+    indexer = make_thesis(hedy, title="Indexer", op="dsa_indexer_topk", hardware="h200",
+                          context_lengths=[4096], batch_sizes=[1])
     theirs = start_sweep(indexer, people.producer, budget=1, kernel="chunked_topk").candidates.get()
     theirs = record(theirs, {**recorded_result((1.4,), names=["ctx=4096,m=1"], dispatch=None),
                              "op": "dsa_indexer_topk"})

@@ -216,6 +216,28 @@ def test_a_decision_writes_its_webhook_delivery_in_the_same_transaction(people, 
     assert data["candidate"]["geomean_speedup"] == pytest.approx(waiting_win.geomean_speedup)
 
 
+def test_a_cpu_win_of_an_op_served_on_gpus_decides_correctness_only(client, people, workspace_dir, no_enqueue):
+    assert get_op("rmsnorm").cpu_served and not get_op("dsa_indexer_topk").cpu_served
+    thesis = make_thesis(people.author, title="Indexer chunks", op="dsa_indexer_topk",
+                         context_lengths=[4096], batch_sizes=[1])
+    win = record(start_sweep(thesis, people.producer, budget=1, kernel="chunked_topk").candidates.get(),
+                 {**recorded_result((1.4,), names=["ctx=4096,m=1"], dispatch=None), "op": "dsa_indexer_topk"})
+    main = workspace.main_head()
+    with pytest.raises(ValidationError, match="served on GPUs: a CPU run decides whether the kernel is right") as refused:
+        services.candidate_keep(candidate=win, reviewer=people.reviewer, commit=win.commit)
+    assert refused.value.code == "cpu-decides-correctness"
+    assert not Review.objects.exists() and workspace.main_head() == main
+
+    client.force_login(people.reviewer)
+    page = client.get(reverse("candidate_review", args=[win.pk])).content.decode()
+    assert 'id="speed-not-decided"' in page and "Time it on its GPU class to keep it." in page
+    assert 'id="keep"' not in page and 'id="revert"' in page
+    refused_post = _decide(client, people.reviewer, win)  # a Keep posted anyway
+    assert "served on GPUs" in refused_post.content.decode() and not Review.objects.exists()
+    review = services.candidate_revert(candidate=win, reviewer=people.reviewer, commit=win.commit)
+    assert review.decision == Review.Decision.REVERT and workspace.main_head() == main
+
+
 # -- the queue -------------------------------------------------------------------------
 
 def test_the_queue_holds_undecided_wins_oldest_first_and_filters_them(people, workspace_dir, no_enqueue):

@@ -139,6 +139,10 @@ class Op:
     # honest torch rmsnorm at a new token count on an H200, the kept kernel's 9 ms), not
     # for a compiler (every one measured there cost 110 ms to 9 s a new size).
     first_call_budget: tuple[float, Mapping[str, float]] = (10.0, {"cpu": 50.0, "cuda": 50.0})
+    # Whether CPU inference engines serve this op (llama.cpp normalises on the CPU): only
+    # then is a CPU win a speed-up anyone ships. Any other op's CPU runs decide whether a
+    # kernel is right, never whether it is faster: a CPU win of it is not kept.
+    cpu_served: bool = False
     # Workload parameters that follow from its size (the paged ops' token total and block
     # counts): they tell no two kinds of workload apart, so curves and new shapes ignore them.
     sized_params: frozenset[str] = frozenset()

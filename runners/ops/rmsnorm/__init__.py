@@ -19,6 +19,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class RMSNorm(Op):
     name = "rmsnorm"
     title = "RMSNorm"
+    cpu_served = True
     description = (
         "Root-mean-square normalisation of each token's hidden vector, scaled by a "
         "learned weight. Memory-bound: one read of x, one write of y."
