@@ -49,9 +49,17 @@ ATTACKS = {
     "rmsnorm_leaves_a_helper.py": (5, "jail", ["starting a process"], [64]),
     "rmsnorm_saves_outside_with_torch.py": (5, "jail", ["writing outside its directory",
                                                         "kernel-lab-answers.pt"], [64]),
+    "rmsnorm_counts_the_judges_reads.py": (2, "timed-outputs", ["values differ from the reference"], [64]),
+    "rmsnorm_rewrites_the_baselines_inputs.py": (5, "jail", ["writing outside its directory",
+                                                             "/proc/self/fd/"], [64]),
+    "rmsnorm_skips_one_slot.py": (2, "timed-outputs", ["values differ from the reference"], [64]),
     "rmsnorm_tile_multiples_only.py": (6, "correctness", ["secret size"], [64]),
     "dsa_chunks_of_2048_only.py": (6, "correctness", ["secret size"], [2048]),
 }
+
+# Attacks that need a run long enough to play: the read counter must see four reads
+# before it cheats, and then be read again; one wrong slot of a batch, read in turn.
+BUDGETS_S = {"rmsnorm_counts_the_judges_reads.py": 3.0, "rmsnorm_skips_one_slot.py": 3.0}
 
 # Attacks only a GPU can play: (property, guard, fragments, context lengths). A time the
 # GPU did not report, or work left running on it, is seen by whichever comes first: the
@@ -186,6 +194,65 @@ DEMOS = {
         load()
         assert os.path.exists(os.path.join(place, "kernel-lab-answers.pt"))
     """,
+    "rmsnorm_counts_the_judges_reads.py": """
+        import ctypes, mmap
+        # The signal: a page this process dropped is present again once another process
+        # read it through /proc/<pid>/mem (as the judge reads a stopped child).
+        fd = os.memfd_create("inputs"); os.ftruncate(fd, 1 << 16)
+        ready, go = os.pipe(), os.pipe()
+        child = os.fork()
+        if child == 0:
+            view = mmap.mmap(fd, 1 << 16, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            page = ctypes.addressof(ctypes.c_char.from_buffer(view)) + 4096
+            libc = ctypes.CDLL(None); libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+            present = lambda: bool(int.from_bytes(os.pread(pagemap, 8, page // 4096 * 8), "little") >> 63)
+            view[4096]; libc.madvise(page, 4096, 4)
+            dropped = present()
+            os.write(ready[1], page.to_bytes(8, "little")); os.read(go[0], 1)
+            os._exit(0 if not dropped and present() else 1)
+        page = int.from_bytes(os.read(ready[0], 8), "little")
+        with open(f"/proc/{child}/mem", "rb") as memory:
+            memory.seek(page); memory.read(16)
+        os.write(go[1], b"x")
+        assert os.waitpid(child, 0)[1] == 0, "the read from outside left no trace"
+        # What it then does: once it has counted its limit of reads, wrong outputs for
+        # every call of a timed batch but the last.
+        c = load(); c._SEEN["w0"] = c._LIMIT
+        # Its inputs where the harness puts them: a file mapped copy-on-write.
+        inputs = os.memfd_create("weights"); os.pwrite(inputs, weight.numpy().tobytes(), 0)
+        mapped = mmap.mmap(inputs, 4096, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        w = torch.frombuffer(mapped, dtype=torch.float32, count=1024)
+        def _call(slot, poison=False):
+            return c.forward(x, w, 1e-6)
+        def run(slots):
+            outputs = []
+            for slot in slots:
+                outputs.append(_call(slot))
+            return outputs
+        first, last = run(["w0:0", "w0:1"])
+        assert not torch.allclose(first, rmsnorm(x, weight)) and torch.allclose(last, rmsnorm(x, weight))
+    """,
+    "rmsnorm_rewrites_the_baselines_inputs.py": """
+        import mmap, struct
+        # Handed a writable descriptor of the file another process maps (as every child
+        # once was), its write changes what that process reads.
+        fd = os.memfd_create("kernel-lab-inputs"); os.ftruncate(fd, 1 << 16)
+        baseline = mmap.mmap(fd, 1 << 16, mmap.MAP_PRIVATE, mmap.PROT_READ)
+        def setup_frame(setup):
+            return load()
+        setup_frame({"arena_fd": fd})
+        assert 0 < struct.unpack("<f", baseline[:4])[0] < 1e-38  # a subnormal, in the other's inputs
+    """,
+    "rmsnorm_skips_one_slot.py": """
+        c = load()
+        def _call(slot, poison):
+            return c.forward(x, weight, 1e-6)
+        timed = [_call(f"w0:{call}", False) for call in range(4)]
+        checked = _call("check", True)
+        assert torch.allclose(checked, rmsnorm(x, weight)) and torch.allclose(timed[0], rmsnorm(x, weight))
+        assert not torch.allclose(timed[1], rmsnorm(x, weight))  # the second call of a timed batch
+    """,
     "rmsnorm_tile_multiples_only.py": """
         c = load(); rows = torch.randn(100, 1024)
         assert torch.allclose(c.forward(x, weight, 1e-6), rmsnorm(x, weight))
@@ -238,19 +305,12 @@ DEMOS_CUDA = {
         honest = timing.CudaRunner(timing.no_counter); honest.forward = lambda x, w, eps: rmsnorm(x, w, eps)
         ready(honest)
         honest_overhead = overhead(honest, slots)
+        honest_ms = min(request(honest, slots)[1] for _ in range(10))  # the same calls, honestly timed
         c = load(); runner = timing.CudaRunner(timing.no_counter); runner.forward = c.forward
         ready(runner)
         lying_overhead = overhead(runner, slots)
         reported = min(request(runner, slots)[1] for _ in range(10))
-        def replayed():  # the same calls, timed from outside its runner
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(); start.record()
-            for slot in slots:
-                runner.slots[slot].replay()
-            end.record(); torch.cuda.synchronize()
-            return start.elapsed_time(end)
-        true_ms = min(replayed() for _ in range(10))
-        assert reported < 0.8 * true_ms, (reported, true_ms)  # it claims less than it takes
+        assert reported < 0.8 * honest_ms, (reported, honest_ms)  # it claims less than its kernels take
         # ... and its requests leave no more beyond their reported times than honest ones do
         assert lying_overhead < honest_overhead + 0.05, (lying_overhead, honest_overhead)
     """,
@@ -373,7 +433,7 @@ def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
     op = op_of(name)
     path = CANDIDATES / name
     result = evaluate(op, path, dsl=kernel_dsl(path), context_lengths=contexts,
-                      time_budget_s=0.3, limits=LIMITS, seed=20261201)
+                      time_budget_s=BUDGETS_S.get(name, 0.3), limits=LIMITS, seed=20261201)
     assert _baseline_digest() == baseline, "the kept kernel's file was changed"
     assert not set(_helpers()) - helpers, "a helper survived the evaluation"
     assert not left.exists(), "a file was left outside the child's folder"

@@ -274,3 +274,38 @@ def test_children_die_with_the_judge():
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_the_input_file_every_child_maps_is_read_only_to_the_children():
+    """The candidate and the baselines map one file: the children's descriptor refuses
+    every way of changing it, and another user cannot reopen it for writing."""
+    import errno
+    import mmap
+
+    from runners.harness import arena
+
+    inputs = arena.Arena(1 << 16)
+    try:
+        fd = inputs.child_fd
+        view = mmap.mmap(fd, inputs.capacity, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        view[0:4] = b"mine"  # a child's own copy of the page, as before
+        assert os.pread(inputs.fd, 4, 0) == b"\0\0\0\0"
+        for change in (lambda: os.pwrite(fd, b"x", 0), lambda: os.ftruncate(fd, 0),
+                       lambda: os.posix_fallocate(fd, 0, 4096)):
+            with pytest.raises(OSError) as refused:
+                change()
+            assert refused.value.errno in (errno.EBADF, errno.EINVAL, errno.EPERM)
+        with pytest.raises(PermissionError):
+            os.ftruncate(inputs.fd, 0)  # sealed: not even the judge's own descriptor shrinks it
+        if os.geteuid() == 0:
+            child = os.fork()
+            if child == 0:
+                os.setresuid(65534, 65534, 65534)
+                try:
+                    os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+                    os._exit(1)
+                except PermissionError:
+                    os._exit(0)
+            assert os.waitpid(child, 0)[1] == 0, "another user reopened the input file for writing"
+    finally:
+        inputs.close()

@@ -14,6 +14,7 @@ between them, in forward's order) crosses the wire as JSON; the bytes never do.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import math
 import mmap
 import os
@@ -94,8 +95,17 @@ class Arena:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(_ALIGN, -(-capacity // _ALIGN) * _ALIGN)
-        self.fd = os.memfd_create(NAME, 0)
+        self.fd = os.memfd_create(NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, self.capacity)
+        # Every child maps this one file, the baselines' inputs with the candidate's: a
+        # candidate able to write it could slow the baselines (subnormal weights), punch
+        # holes they fault on, or shrink it under the judge (SIGBUS). So its size is
+        # sealed, only its owner may open it for writing, and the children get a
+        # descriptor opened read-only (`child_fd`), which refuses write, fallocate and
+        # ftruncate; a copy-on-write mapping needs no more.
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        os.fchmod(self.fd, 0o600)
+        self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
         self._map = mmap.mmap(self.fd, self.capacity, mmap.MAP_SHARED,
                               mmap.PROT_READ | mmap.PROT_WRITE)
 
@@ -112,6 +122,7 @@ class Arena:
 
     def close(self) -> None:
         self._map.close()
+        os.close(self.child_fd)
         os.close(self.fd)
 
 

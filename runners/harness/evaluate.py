@@ -231,7 +231,7 @@ class _Run:
             "file_bytes": self.limits.file_bytes, "memory_bytes": self.limits.memory_bytes,
             "gpu_fraction": self.limits.gpu_fraction,
             "input_capacity": self.input_capacity,
-            "arena_fd": self.arena.fd if self.arena is not None else None,
+            "arena_fd": self.arena.child_fd if self.arena is not None else None,
         }
         label = {CANDIDATE: "candidate process", BASELINE: "baseline process",
                  CONTROL: "second baseline process"}[role]

@@ -85,8 +85,15 @@ MAX_SAMPLES = 5000
 TARGET_CI = 0.01
 # Convergence costs a sort of every sample; checking every few rounds keeps that small.
 CHECK_EVERY = 10
+# The share of timed requests whose output (one call, picked by the judge) is read and
+# checked, for the whole run: a cap would tell a candidate that counted the reads (it
+# can: a read from outside leaves its pages present in the child) when it may stop
+# computing.
 REVALIDATE_RATE = 0.1
-MAX_REVALIDATIONS = 4
+# How many calls of an observed request are read (all of a shorter batch), taking the
+# batch's slots in turn: a candidate wrong on one slot of 31 is read there within eight
+# observed requests, not by luck (one call a request missed it 72% of the time over 10).
+CALLS_READ_A_REQUEST = 4
 # How much longer than their reported times a candidate's calls may take on the judge's
 # clock beyond what the baseline processes' take (the upper end of their median's 95%
 # CI) before the difference is work the times do not show: the largest of an absolute
@@ -263,25 +270,35 @@ def measure_workload(
     observed: list[tuple[int, int, str, Observed]] = []
     candidate = children[CANDIDATE]
     aliasing = _Aliasing(candidate, max_bytes) if workload.device == "cpu" else None
-    picked: dict[int, int | None] = {}
+    picked: dict[int, list[int]] = {}
     last_reply: dict[int, Reply] = {}
+    # Which calls of an observed request are read: the next few of a secret order of the
+    # batch's slots, over and over, so that a slot whose graph or answer is wrong is read
+    # in the first few observed requests whichever slot it is.
+    order = list(range(length))
+    picker.shuffle(order)
+    per_request = min(length, CALLS_READ_A_REQUEST)
+    cursor = [0]
+
+    def next_calls() -> list[int]:
+        calls = [order[(cursor[0] + step) % length] for step in range(per_request)]
+        cursor[0] += per_request
+        return calls
 
     def after(side: str, round_number: int, reply: Reply) -> None:
         if side != CANDIDATE:
             return
         last_reply[0] = reply
         if round_number not in picked:
-            chosen = len(observed) < MAX_REVALIDATIONS and picker.random() < REVALIDATE_RATE
-            picked[round_number] = picker.randrange(length) if chosen else None
-        reading = None
-        call = picked[round_number]
-        if call is not None:
+            picked[round_number] = next_calls() if picker.random() < REVALIDATE_RATE else []
+        first = None
+        for call in picked[round_number]:
             reading = observe(candidate, reply, layouts[call], max_bytes, index=call)
             observed.append((round_seed(secret_seed, workload, round_number, call), round_number,
                              TIMING_DISTRIBUTION, reading))
+            first = first or (call, reading)
         if aliasing is not None:
-            aliasing.after_request(round_number, reply, None if reading is None else (call, reading),
-                                   length)
+            aliasing.after_request(round_number, reply, first, length)
 
     rounds = _interleave(children, times, slots, f"a timed call of {workload.name}",
                          budget_s=budget_s, before=write_round, after=after,
@@ -290,9 +307,11 @@ def measure_workload(
                          orders_run=SIZING_ROUNDS)
     last = rounds - 1
     if not observed or observed[-1][1] != last:
-        # The last call's output, read before the child runs again.
-        observed.append((round_seed(secret_seed, workload, last, length - 1), last, TIMING_DISTRIBUTION,
-                         observe(candidate, last_reply[0], layouts[-1], max_bytes, index=length - 1)))
+        # Calls of the last request, read before the child runs again; which ones, the
+        # candidate cannot know (not always the batch's last).
+        for call in next_calls():
+            observed.append((round_seed(secret_seed, workload, last, call), last, TIMING_DISTRIBUTION,
+                             observe(candidate, last_reply[0], layouts[call], max_bytes, index=call)))
     for child in children.values():
         child.request("drop", f"freeing the inputs of {workload.name}", slots=slots)
     return Measurement(times=times, observed=observed,

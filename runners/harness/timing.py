@@ -324,7 +324,8 @@ class CudaRunner:
         pool = self.pools.setdefault(group, torch.cuda.graph_pool_handle())
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with self.counter() as counted:
+        with contextlib.ExitStack() as counting:
+            counted = counting.enter_context(self.counter())
             # One eager call first, on a side stream as torch asks: it compiles DSL
             # kernels and initialises libraries, which capture cannot do.
             with torch.cuda.stream(side):
@@ -338,6 +339,12 @@ class CudaRunner:
                     events[0].record()
                     output = self.forward(*args)
                     events[1].record()
+                    # The rest of the graph is the harness's, not counted as the call's:
+                    # the output's copy for the judge. In the graph, a request costs the
+                    # host one launch a call, so the GPU, not the host, sets its pace
+                    # even for calls of a few microseconds.
+                    counting.close()
+                    self._stage(slot, output)
             except Exception as error:
                 raise CaptureError(first_cause(error)) from None
         torch.cuda.synchronize()
@@ -348,7 +355,8 @@ class CudaRunner:
 
     def _stage(self, slot: str, output: Any) -> None:
         """A contiguous copy of the output where the judge reads it: after the end event,
-        so it is not timed, and before the reply, so it is inside the judge's clock."""
+        so it is not timed, and before the reply, so it is inside the judge's clock.
+        Captured into the call's graph (prepare), or run after a decode step's replay."""
         staging = self.staging.get(slot)
         if (staging is None or type(output) is not torch.Tensor or not output.is_cuda
                 or output.layout != torch.strided
@@ -364,7 +372,8 @@ class CudaRunner:
     def run(self, slots: list[str], *, poison: bool = True) -> tuple[float, int | None]:
         """Replays each slot's graph in turn, each call timed by the events its graph
         records. Nothing of the harness's runs on the GPU between the calls but each
-        output's copy for the judge: the judge flushed the L2 before the request (from its
+        output's copy for the judge, a node of the same graph after the call's end
+        event: the judge flushed the L2 before the request (from its
         own process, runners.harness.observe.GpuProbe), and anything the harness did
         here that the candidate's code could undo would be time it could claim. `poison`
         (for correctness calls) first sets every bit of the outputs' memory."""
@@ -385,10 +394,10 @@ class CudaRunner:
                 captured.replay()
                 end.record()
                 timed.append((start, end))
+                self._stage(slot, captured.output)
             else:
-                captured.replay()
+                captured.replay()  # its output's copy for the judge is in the graph
                 timed.append(captured.events)
-            self._stage(slot, captured.output)
         torch.cuda.synchronize()
         self.last_outputs = [captured.output for captured in batch]
         self.last_slots = list(slots)

@@ -131,7 +131,10 @@ class Supervisor:
         return (any(path == place or path.startswith(place.rstrip("/") + "/")
                     for place in [scratch, "/dev/shm", *self.plan.devices])  # nosec B108
                 or (len(parts) > 3 and parts[1] == "proc"
-                    and (parts[2] in ("self", "thread-self") or parts[2].isdigit()))
+                    and (parts[2] in ("self", "thread-self") or parts[2].isdigit())
+                    # Not a descriptor reopened by its magic link: the judge hands some
+                    # out read-only (the input file every child maps).
+                    and parts[3] not in ("fd", "map_files"))
                 # Harmless on a read-only /dev, and the GPU driver remakes its links there
                 # at every start; the folders above the scratch folder (makedirs).
                 or path.startswith("/dev/char/") or scratch.startswith(path.rstrip("/") + "/"))

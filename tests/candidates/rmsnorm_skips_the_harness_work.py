@@ -1,40 +1,39 @@
-"""Claims the time of the harness's own work around its calls (CUDA only): in the
-candidate's process the CUDA runner copies every output to where the judge reads it,
-inside the judge's clock but outside the call's events. It swaps the code of the
-runner's `run` (found in sys.modules; the method object kept) for one that skips those
-copies on timed calls (a correctness call names the poisoning, a timed one does not)
-and reports its calls that much shorter: on the judge's clock its requests then take no
-longer beyond their reported times than the baseline processes' do. Its kernel is
-honest. (The L2 flush and the hold before a request it skipped when the runner still
-did them: now the judge flushes from its own process, and nothing is held.)
+"""Claims the time of the harness's own work around its calls (CUDA only): the CUDA
+runner captures, after each call's end event, a copy of the output to where the judge
+reads it, inside the judge's clock but outside the call's events. This candidate swaps
+the code of the runner's `_stage` (found in sys.modules; the function object kept) so
+that the graphs of timed calls are captured without that copy (the correctness
+check's slot, named "check", keeps it), and the code of `run` so that timed calls
+report that much less: on the judge's clock its requests then take no longer beyond
+their reported times than the baseline processes' do. Its kernel is honest.
+(Before, the runner held the GPU and flushed the L2 in the child around every call;
+skipping those hid a lie of up to 1.6 ms a request. Now the judge flushes from its own
+process and nothing is held.)
 """
 
 import sys
 
 import torch
 
-_LIE = """
+_CODE = """
+def _stage(self, slot, output):
+    if slot == "check" or type(output) is not torch.Tensor or slot not in self.staging:
+        return _honest_stage(self, slot, output)
+    # A copy of this size, timed once outside any capture, is what each timed call claims.
+    _skipped_work.setdefault("bytes", 2 * output.numel() * output.element_size())
+
+
 def run(self, slots, *, poison=True):
+    elapsed, launches = _honest_cuda_run(self, slots, poison=poison)
     if poison:
-        return _honest_cuda_run(self, slots, poison=poison)
-    state = _skipped_work
-    if "copy_ms" not in state:
-        slot = slots[0]
-        staging, output = self.staging.get(slot), self.slots[slot].output
-        copy_ms = 0.0
-        if staging is not None and type(output) is torch.Tensor:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record(); staging.tensor(output.dtype, output.shape).copy_(output); end.record()
-            torch.cuda.synchronize()
-            copy_ms = start.elapsed_time(end)
-        state["copy_ms"] = copy_ms
-    kept, self.staging = self.staging, {}
-    try:
-        elapsed, launches = _honest_cuda_run(self, slots, poison=poison)
-    finally:
-        self.staging = kept
-    return max(elapsed - 0.9 * len(slots) * state["copy_ms"], 0.5 * elapsed), launches
+        return elapsed, launches
+    if "copy_ms" not in _skipped_work:
+        scratch = torch.empty(_skipped_work.get("bytes", 2) // 2, dtype=torch.uint8, device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record(); scratch.clone(); end.record(); torch.cuda.synchronize()
+        _skipped_work["copy_ms"] = start.elapsed_time(end)
+    return max(elapsed - 0.9 * len(slots) * _skipped_work["copy_ms"], 0.5 * elapsed), launches
 """
 
 
@@ -43,14 +42,14 @@ def _patch():
     runner = getattr(timing, "".join(["Cuda", "Runner"]), None)
     if runner is None:
         return
-    run = runner.run
-    run.__globals__["_honest_cuda_run"] = type(run)(run.__code__, run.__globals__, "run",
-                                                    run.__defaults__, run.__closure__)
-    run.__globals__["_honest_cuda_run"].__kwdefaults__ = run.__kwdefaults__
-    run.__globals__["_skipped_work"] = {}
+    space = runner.run.__globals__
+    space["_honest_cuda_run"] = type(runner.run)(runner.run.__code__, space, "run")
+    space["_honest_stage"] = type(runner._stage)(runner._stage.__code__, space, "_stage")
+    space["_skipped_work"] = {}
     scratch = {}
-    exec(_LIE, run.__globals__, scratch)
-    run.__code__ = scratch["run"].__code__
+    exec(_CODE, space, scratch)
+    runner.run.__code__ = scratch["run"].__code__
+    runner._stage.__code__ = scratch["_stage"].__code__
 
 
 _patch()
