@@ -11,6 +11,7 @@ import ast
 import hashlib
 import math
 import posixpath
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -54,6 +55,9 @@ def _op_or_error(op_name: str) -> ops.Op:
         raise ValidationError({"op": str(exc)}) from exc
 
 
+_PATH_CHARACTERS = re.compile(r"[A-Za-z0-9._\-/*\[\]]+")
+
+
 def _clean_allowed_paths(paths: list[str]) -> list[str]:
     if len(paths) > MAX_ALLOWED_PATHS:
         raise ValidationError({"allowed_paths": f"at most {MAX_ALLOWED_PATHS} paths"})
@@ -64,6 +68,11 @@ def _clean_allowed_paths(paths: list[str]) -> list[str]:
             raise ValidationError(
                 {"allowed_paths": f"{path!r} must be a relative path inside the workspace"}
             )
+        # The paths go into an agent's instructions as code: nothing that could close the
+        # quoting or start new text there.
+        if not _PATH_CHARACTERS.fullmatch(path):
+            raise ValidationError({"allowed_paths": f"{path!r}: a path may hold letters, digits and "
+                                                    "._-/*[] only"})
         cleaned.append(normal)
     return cleaned
 

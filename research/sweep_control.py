@@ -30,9 +30,21 @@ def sweep_can_control(*, sweep: Sweep, user) -> bool:
     """The sweep's starter, the thesis author and staff may pause, resume or cancel it; a
     verification of an import only its requester and staff (an author who could pause or
     cancel it could keep a worker's refutation from ever landing)."""
-    controllers = {sweep.started_by_id} if sweep.strategy == Sweep.Strategy.VERIFY else {
-        sweep.started_by_id, sweep.thesis.author_id}
-    return bool(user.is_authenticated and (user.is_staff or user.pk in controllers))
+    if not user.is_authenticated:
+        return False
+    if sweep.strategy == Sweep.Strategy.VERIFY:
+        # Not even staff who imported the win or wrote the thesis: cancelling the run
+        # three times, or pausing it, would keep its refutation from landing.
+        if user.pk == sweep.thesis.author_id or user.pk == _importer_id(sweep):
+            return False
+        return user.is_staff or user.pk == sweep.started_by_id
+    return user.is_staff or user.pk in (sweep.started_by_id, sweep.thesis.author_id)
+
+
+def _importer_id(verification: Sweep) -> int | None:
+    """Who imported the win a verification run re-measures."""
+    imported = verification.verifies
+    return imported.sweep.started_by_id if imported is not None else None
 
 
 def sweep_actions(*, sweep: Sweep, user) -> list[str]:

@@ -46,10 +46,17 @@ def hidden_characters(text: str) -> list[str]:
     return list(dict.fromkeys(character_name(c) for c in found if is_hidden(c)))
 
 
+# The highlighter reads a carriage return as a line break and drops a leading byte-order
+# mark, while git's diff splits on newlines only: both stand in for themselves as
+# private-use characters while the file is highlighted, so its lines stay the diff's.
+_STAND_INS = {"\r": "\ue00d", "\ufeff": "\ue0ff"}
+_STANDS_FOR = {stand_in: character for character, stand_in in _STAND_INS.items()}
+
+
 def _revealed(escaped: str) -> str:
     """Escaped text with every hidden character replaced by a visible, named escape."""
     def visible(match: re.Match) -> str:
-        character = match.group()
+        character = _STANDS_FOR.get(match.group(), match.group())
         if not is_hidden(character):
             return character
         return (f'<span class="hidden-char" title="{character_name(character)}">'
@@ -98,6 +105,8 @@ def highlighted_lines(text: str, filename: str) -> list[str]:
     except ClassNotFound:
         lexer = TextLexer(stripnl=False, ensurenl=False)
     lines: list[list[str]] = [[]]
+    for character, stand_in in _STAND_INS.items():
+        text = text.replace(character, stand_in)
     for token, value in lexer.get_tokens(text):
         css = _css_class(token)
         for index, piece in enumerate(value.split("\n")):

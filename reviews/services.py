@@ -167,7 +167,11 @@ def _may_keep_unverified(candidate: Candidate, check: Verification) -> None:
         raise ValidationError(f"a worker is measuring it ({check.detail}): wait for its verdict",
                               code="verifying")
     live = workers.live_queues()
-    if live is not None and candidate.sweep.queue in live:
+    if live is None:
+        # Fail closed: a broker that cannot be asked may hide a worker that could verify it.
+        raise ValidationError("the task broker cannot be asked which queues a worker serves: keeping "
+                              "unverified waits until it can", code="workers-unknown")
+    if candidate.sweep.queue in live:
         raise ValidationError(f"a worker of the lab serves queue {candidate.sweep.queue}: verify it instead",
                               code="verifiable")
 

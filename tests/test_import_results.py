@@ -214,8 +214,22 @@ def _promoted_to_win(path: Path, tmp_path: Path) -> Path:
     return _write(tmp_path, lines)
 
 
+def _carriage_return_in_source(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)  # a lone CR ends a line for Python, not for the review's diff
+    lines[1]["source"] = lines[1]["source"].replace("\n", "  # note\r    y = 0\n", 1)
+    return _write(tmp_path, lines)
+
+
+def _long_claimed_commit(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)  # copied onto every candidate's provenance
+    lines[0]["harness"]["commit"] = "f" * 10_000
+    return _write(tmp_path, lines)
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (_truncated, "line 3: not valid JSON"),
+    (_carriage_return_in_source, "line 2: candidate 1: its source holds a carriage return"),
+    (_long_claimed_commit, "line 1: 'harness.commit' must be a string of at most 200 characters"),
     (_wrong_op, "line 2: candidate 1: the result's op 'rmsnorm' is not the header's 'dsa_indexer_topk'"),
     (_edited_source, "line 3: candidate 2's source is not the kernel with PARAMS set to its params"),
     (_promoted_to_win, "line 2: candidate 1: a 'win' needs a dispatch range"),

@@ -412,6 +412,25 @@ def test_a_diff_shows_hidden_characters_as_escapes_and_splits_lines_at_newlines_
     assert hidden_characters("plain ascii\tand é ü — ok\n") == []
 
 
+def test_a_carriage_return_is_shown_where_it_is_and_keeps_the_diff_on_its_lines():
+    """Python ends a line at a lone CR; the highlighter did too, and the diff (split on
+    newlines) then showed the code after it as another line's, or not at all."""
+    old = "def forward(x):\n    return x\n"
+    new = "def forward(x):\n    y = x + 1  # note\r\r    x = x * 0\n    return x\n"
+    diff = ("diff --git a/k.py b/k.py\n--- a/k.py\n+++ b/k.py\n@@ -1,2 +1,3 @@\n def forward(x):\n"
+            "+    y = x + 1  # note\r\r    x = x * 0\n     return x\n")
+    scope: dict = {}
+    exec(new + "z = forward(3)\n", scope)
+    assert scope["z"] == 0  # the line after the carriage returns runs
+    [file] = render_diff(diff, old_file=lambda path: old, new_file=lambda path: new)
+    assert [(line.kind, line.old, line.new) for line in file.lines] == [
+        ("hunk", None, None), ("ctx", 1, 1), ("add", None, 2), ("ctx", 2, 3)]
+    added = str(file.lines[2].html)
+    # The code a carriage return starts is on the added line, after the escapes.
+    assert added.count("&lt;U+000D&gt;") == 2 and added.rindex("&lt;U+000D&gt;") < added.index("x = x * 0")
+    assert 'return' in str(file.lines[3].html) and "U+000D CONTROL CHARACTER" in file.hidden
+
+
 def _win_with_hidden_characters(people, waiting_win) -> Candidate:
     source = waiting_win.source.replace("def forward(", "# \u202e kept as it was \u2066\ndef forward(", 1)
     revised = research_services.candidate_revise(candidate=waiting_win, source=source,

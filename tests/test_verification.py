@@ -177,6 +177,8 @@ def test_one_run_that_finds_no_win_refutes_the_import_for_good(imported_win, peo
 def test_neither_the_author_nor_the_importer_can_stop_a_verification(imported_win, people, sent):
     run = verification_start(candidate=imported_win, requested_by=people.reviewer)
     for person in (people.author, people.producer):
+        person.is_staff = True  # not even as staff
+        person.save()
         assert not sweep_control.sweep_can_control(sweep=run.sweep, user=person)
         with pytest.raises(PermissionDenied):
             sweep_control.sweep_cancel(sweep=run.sweep, by=person)
@@ -206,6 +208,16 @@ def test_keeping_unverified_waits_for_a_running_verification_and_yields_to_a_liv
             candidate_keep_unverified_request(candidate=imported_win, reviewer=people.reviewer,
                                               commit=imported_win.commit)
     assert refusal.value.code == "verifiable"
+
+
+def test_keeping_unverified_fails_closed_when_the_broker_cannot_say_which_workers_live(
+        imported_win, people, monkeypatch):
+    monkeypatch.setattr(workers, "live_queues", lambda: None)
+    with pytest.raises(ValidationError, match="cannot be asked") as refusal:
+        candidate_keep_unverified_request(candidate=imported_win, reviewer=people.reviewer,
+                                          commit=imported_win.commit)
+    assert refusal.value.code == "workers-unknown"
+    assert not imported_win.unverified_requests.exists()
 
 
 def test_a_verified_keep_writes_the_workers_figures_not_the_files(imported_win, people, sent):

@@ -104,7 +104,7 @@ def test_a_signature_verifies_with_the_standardwebhooks_package_and_a_changed_bo
     ("10.1.2.3", "private"), ("172.16.0.1", "private"), ("192.168.1.1", "private"), ("fd00::1", "private"),
     ("169.254.169.254", "link-local"), ("fe80::1", "link-local"),
     ("224.0.0.1", "multicast"), ("0.0.0.0", "unspecified"), ("240.0.0.1", "reserved"),
-    ("100.64.0.1", "non-public"),
+    ("100.64.0.1", "non-public"), ("fec0::1", "site-local"), ("2002:7f00:1::1", "6to4"),
 ])
 def test_non_public_addresses_are_refused_with_their_kind(address, reason):
     assert outbound.address_refusal(address) == reason

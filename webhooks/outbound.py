@@ -46,7 +46,14 @@ def address_refusal(address: str) -> str | None:
             return kind.replace("_", "-")
     if not ip.is_global:  # e.g. carrier-grade NAT 100.64/10, documentation ranges
         return "non-public"
+    if isinstance(ip, ipaddress.IPv6Address) and (ip in _SITE_LOCAL or ip.sixtofour is not None):
+        # Counted global by ipaddress, but site-local (deprecated, still routed on some
+        # networks) or 6to4, whose relay reaches the IPv4 address it embeds (2002:7f00:1::).
+        return "site-local" if ip in _SITE_LOCAL else "6to4"
     return None
+
+
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 
 
 def check_url(url: str) -> tuple[str, str, int]:

@@ -13,6 +13,7 @@ import random
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -329,8 +330,10 @@ def delivery_record_attempt(
     if not recorded:
         return None
     if status == Delivery.Status.GAVE_UP:
-        logger.warning("webhook %s to %s gave up after %d attempts: %s",
-                       delivery.webhook_id, delivery.endpoint.url, delivery.attempts, error)
+        # The endpoint by its id and host: a receiver's URL often carries its secret.
+        logger.warning("webhook %s to endpoint %s (%s) gave up after %d attempts: %s",
+                       delivery.webhook_id, delivery.endpoint_id, urlsplit(delivery.endpoint.url).hostname,
+                       delivery.attempts, error)
     return Outcome(status=status, retry_in_s=retry_in_s)
 
 

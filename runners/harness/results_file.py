@@ -121,6 +121,27 @@ def _check_header(header: Any) -> None:
     problem = machine_problem(header.get("machine"))
     if problem:
         raise ResultsFileError(f"line 1: {problem}")
+    # Copied onto every imported candidate's provenance: short, like the machine's fields.
+    run, commit = header.get("run"), header["harness"].get("commit")
+    for name, value in (("run", run), ("harness.commit", commit)):
+        if value is not None and not (isinstance(value, str) and len(value) <= MACHINE_TEXT):
+            raise ResultsFileError(f"line 1: {name!r} must be a string of at most {MACHINE_TEXT} "
+                                   "characters, or absent")
+    for name in ("kernel_source", "baseline_source"):
+        problem = source_problem(header[name])
+        if problem:
+            raise ResultsFileError(f"line 1: {name!r} {problem}")
+
+
+def source_problem(source: str) -> str | None:
+    """A kernel source the review's diff could not show as Python reads it: a carriage
+    return ends a line for Python but not for a diff split on newlines, and a
+    byte-order mark is dropped by the highlighter, so the lines would drift apart."""
+    if "\r" in source:
+        return "holds a carriage return: save it with \\n line endings only"
+    if "\ufeff" in source:
+        return "holds a byte-order mark (U+FEFF): save it without one"
+    return None
 
 
 def _check_result(result: Any, header: dict[str, Any]) -> str | None:
@@ -239,6 +260,9 @@ def read(data: bytes) -> ResultsFile:
                 ("source", "the candidate's source", lambda v: isinstance(v, str) and bool(v))):
             if not valid(entry.get(key)):
                 raise ResultsFileError(f"line {number}: {key!r} must be {expected}")
+        problem = source_problem(entry["source"])
+        if problem:
+            raise ResultsFileError(f"line {number}: candidate {entry['number']}: its source {problem}")
         problem = _check_result(entry.get("result"), header)
         if problem:
             raise ResultsFileError(f"line {number}: candidate {entry['number']}: {problem}")
