@@ -239,10 +239,7 @@ class Child:
                                        "process it jailed", self.role)
         # Only now may it import the candidate: whatever the jail refuses from here on is
         # the candidate's.
-        try:
-            wire.write_message(self._requests, {"do": "load"})
-        except OSError:
-            raise self._died("starting", phase_guard="process") from None
+        self._send({"do": "load"}, "starting")
         arena_address = self.started.get("arena_address")
         self._arena_address = arena_address if isinstance(arena_address, int) else None
         if self.gpu is not None:
@@ -368,11 +365,7 @@ class Child:
         if outside is not None:
             self.watch.idle_cpu_ms += max(0, cpu_before - self._cpu_when_stopped) / 1e6
             outside.resume()
-        try:
-            wire.write_message(self._requests, {"do": do, "seq": self._seq, "max_bytes": max_bytes,
-                                                **fields})
-        except (BrokenPipeError, OSError):
-            raise self._died(during, phase_guard="process") from None
+        self._send({"do": do, "seq": self._seq, "max_bytes": max_bytes, **fields}, during)
         reply = self._receive(self.limits.call_s, during, max_bytes=max_bytes, phase_guard="process")
         reply.round_trip_ms = (time.perf_counter_ns() - started) / 1e6
         if self.gpu is not None and do == "run":
@@ -425,6 +418,13 @@ class Child:
         except wire.ProtocolError as error:
             raise self._broken(during, str(error)) from None
         return Reply(header, tensors, math.nan)
+
+    def _send(self, message: dict[str, Any], during: str) -> None:
+        """A message to the worker; a child that is gone is reported as it ended."""
+        try:
+            wire.write_message(self._requests, message)
+        except OSError:  # BrokenPipeError among them
+            raise self._died(during, phase_guard="process") from None
 
     def read_jail_report(self) -> None:
         """Takes in whatever the jail's supervisor has said since the last reading."""

@@ -85,10 +85,10 @@ MAX_SAMPLES = 5000
 TARGET_CI = 0.01
 # Convergence costs a sort of every sample; checking every few rounds keeps that small.
 CHECK_EVERY = 10
-# The share of timed requests whose output (one call, picked by the judge) is read and
-# checked, for the whole run: a cap would tell a candidate that counted the reads (it
-# can: a read from outside leaves its pages present in the child) when it may stop
-# computing.
+# The share of timed requests whose outputs (CALLS_READ_A_REQUEST calls, picked by the
+# judge) are read and checked, for the whole run: a cap would tell a candidate that
+# counted the reads (it can: a read from outside leaves its pages present in the child)
+# when it may stop computing.
 REVALIDATE_RATE = 0.1
 # How many calls of an observed request are read (all of a shorter batch), taking the
 # batch's slots in turn: a candidate wrong on one slot of 31 is read there within eight

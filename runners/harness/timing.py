@@ -165,13 +165,6 @@ class CpuRunner:
         that undid it could claim."""
         args = self.slots[slot]
         call = self.steps.get(slot, self.forward)
-        # The last output's size: the block a stale answer would sit in. Before the first
-        # call, the largest argument's. Not the largest argument's every call: filling a
-        # large cache (the paged ops') costs the same work whatever it holds, but how many
-        # of its pages fault depends on the heap the kernel left, so the harness's own
-        # cost before the call would differ between kernels (runners.harness.measure's
-        # clock check compares it).
-        size = self._last_nbytes or max(0, *(_nbytes(arg) for arg in args))
         while len(self._kept) > kept:
             # Poisoned where it lies, then freed (a fresh block of the same size may not
             # be the one it was freed from: free memory of its size is poisoned too).
@@ -179,7 +172,14 @@ class CpuRunner:
             if poison:
                 _poison_storage(dropped)
         if poison:
-            # Whichever block the allocator hands out next, no earlier answer is left in it.
+            # Whichever block the allocator hands out next, no earlier answer is left in
+            # it. Of the last output's size: the block a stale answer would sit in (before
+            # the first call, the largest argument's). Not the largest argument's every
+            # call: filling a large cache (the paged ops') costs the same work whatever it
+            # holds, but how many of its pages fault depends on the heap the kernel left,
+            # so the harness's own cost before the call would differ between kernels
+            # (runners.harness.measure's clock check compares it).
+            size = self._last_nbytes or max(0, *(_nbytes(arg) for arg in args))
             torch.empty(size, dtype=torch.uint8).fill_(255)
         with self.counter() as counted:
             # A collection inside the call would be charged to whoever was running.
@@ -373,10 +373,10 @@ class CudaRunner:
         """Replays each slot's graph in turn, each call timed by the events its graph
         records. Nothing of the harness's runs on the GPU between the calls but each
         output's copy for the judge, a node of the same graph after the call's end
-        event: the judge flushed the L2 before the request (from its
-        own process, runners.harness.observe.GpuProbe), and anything the harness did
-        here that the candidate's code could undo would be time it could claim. `poison`
-        (for correctness calls) first sets every bit of the outputs' memory."""
+        event: the judge flushed the L2 before the request (from its own process,
+        runners.harness.observe.GpuProbe), and anything the harness did here that the
+        candidate's code could undo would be time it could claim. `poison` (for
+        correctness calls) first sets every bit of the outputs' memory."""
         if len(set(slots)) != len(slots):
             raise ValueError("a request names each slot once: its graph's events time one call")
         batch = [self.slots[slot] for slot in slots]
