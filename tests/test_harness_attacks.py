@@ -38,6 +38,7 @@ ATTACKS = {
     "rmsnorm_fills_on_read.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_defers_to_timer.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_aliases_its_outputs.py": (2, "aliasing", ["shares memory with the output of call"], [64]),
+    "rmsnorm_finishes_after_replying.py": (2, "timed-outputs", [], [64]),
     # At T=64 half a call is ~0.08 ms, inside one request's margin: caught because short
     # calls are timed in batches.
     "rmsnorm_rewrites_its_clock.py": (3, "clock", ["reported times disagree with the judge's clock",
@@ -55,6 +56,8 @@ ATTACKS = {
     "rmsnorm_skips_one_slot.py": (2, "timed-outputs", ["values differ from the reference"], [64]),
     "rmsnorm_tile_multiples_only.py": (6, "correctness", ["secret size"], [64]),
     "dsa_chunks_of_2048_only.py": (6, "correctness", ["secret size"], [2048]),
+    "rmsnorm_bakes_in_eps.py": (6, "correctness", ["secret size", ",eps="], [64]),
+    "rmsnorm_drops_eps.py": (6, "correctness", ["NaN"], [64]),
 }
 
 # Attacks that need a run long enough to play: the read counter must see four reads
@@ -72,9 +75,16 @@ ATTACKS_CUDA = {
 }
 GPU_WORK_GUARDS = {"clock": "judge's",
                    "correctness": "values differ from the reference",
+                   "cuda-graph": "work left running on the GPU past the reply",
                    "roofline": "is below the physical floor"}
 # An attack on the harness's own work is seen by the output it did not copy for the judge.
 SKIPPED_WORK_GUARDS = {"timed-outputs": "values differ from the reference"}
+# Work left for after the reply: the judge tells the jail to stop the moment the reply is
+# in, so the handler's rows are unfinished when the output is read (values wrong, or the
+# memory's NaN), or, when the stop came before the handler started, it runs once the jail
+# is resumed, inside the next request, and the judge's clock sees it.
+AFTER_REPLY_GUARDS = {"timed-outputs": "", "clock": "work the reported times do not show"}
+EITHER = {"rmsnorm_finishes_after_replying.py": AFTER_REPLY_GUARDS}
 
 # What each does outside the harness, as a script that exits 0 when it misbehaved.
 # CANDIDATE is the candidate's path; `load()` imports it as a module.
@@ -253,10 +263,35 @@ DEMOS = {
         assert torch.allclose(checked, rmsnorm(x, weight)) and torch.allclose(timed[0], rmsnorm(x, weight))
         assert not torch.allclose(timed[1], rmsnorm(x, weight))  # the second call of a timed batch
     """,
+    "rmsnorm_finishes_after_replying.py": """
+        import threading
+        from runners.harness import wire
+        from runners.harness.timing import CpuRunner, no_counter
+        runner = CpuRunner(no_counter); c = load(); runner.forward = c.forward
+        runner.prepare("s", (x, weight, 1e-6))
+        runner.run(["s"], poison=False)  # a timed call
+        out = runner.last_outputs[-1]
+        assert not torch.allclose(out, rmsnorm(x, weight))  # when the worker replies
+        requests, judge = os.pipe()
+        threading.Timer(0.05, wire.write_message, (judge, {"do": "run"})).start()
+        wire.read_message(requests)  # the worker waiting for its next request
+        assert torch.allclose(out, rmsnorm(x, weight))
+    """,
     "rmsnorm_tile_multiples_only.py": """
         c = load(); rows = torch.randn(100, 1024)
         assert torch.allclose(c.forward(x, weight, 1e-6), rmsnorm(x, weight))
         assert not torch.allclose(c.forward(rows, weight, 1e-6), rmsnorm(rows, weight))
+    """,
+    "rmsnorm_bakes_in_eps.py": """
+        c = load()
+        assert torch.allclose(c.forward(x, weight, 1e-6), rmsnorm(x, weight, 1e-6))
+        quiet = x * 1e-3  # rows whose mean square is about eps
+        assert not torch.allclose(c.forward(quiet, weight, 1e-5), rmsnorm(quiet, weight, 1e-5))
+    """,
+    "rmsnorm_drops_eps.py": """
+        c = load()
+        assert torch.allclose(c.forward(x, weight, 1e-6), rmsnorm(x, weight, 1e-6), rtol=1e-5, atol=1e-5)
+        assert torch.isnan(c.forward(torch.zeros_like(x), weight, 1e-6)).all()
     """,
     "dsa_chunks_of_2048_only.py": """
         from runners.ops import get_op
@@ -288,31 +323,22 @@ DEMOS_CUDA = {
     "rmsnorm_skips_the_harness_work.py": """
         from runners.harness import timing
         from runners.harness.device_memory import Shared
-        def request(runner, slots):  # the judge's view of a timed request: round trip, and what was reported
-            torch.cuda.synchronize(); start = time.perf_counter()
-            reported, _ = runner.run(slots, poison=False)
-            return (time.perf_counter() - start) * 1e3, reported
-        def overhead(runner, slots):
-            trips = sorted(trip - reported for trip, reported in (request(runner, slots) for _ in range(30)))
-            return trips[len(trips) // 2]
-        def ready(runner):  # as the worker prepares it: a staging area per slot, then the capture
-            for i, args in enumerate(inputs):
-                runner.staging[f"w:{i}"] = Shared.create(args[0].numel() * 4)[0]
-                runner.prepare(f"w:{i}", args)
         w = torch.randn(4096, device="cuda")
         inputs = [(torch.randn(1024, 4096, device="cuda"), w, 1e-6) for _ in range(32)]
         slots = [f"w:{i}" for i in range(32)]
-        honest = timing.CudaRunner(timing.no_counter); honest.forward = lambda x, w, eps: rmsnorm(x, w, eps)
-        ready(honest)
-        honest_overhead = overhead(honest, slots)
-        honest_ms = min(request(honest, slots)[1] for _ in range(10))  # the same calls, honestly timed
         c = load(); runner = timing.CudaRunner(timing.no_counter); runner.forward = c.forward
-        ready(runner)
-        lying_overhead = overhead(runner, slots)
-        reported = min(request(runner, slots)[1] for _ in range(10))
-        assert reported < 0.8 * honest_ms, (reported, honest_ms)  # it claims less than its kernels take
-        # ... and its requests leave no more beyond their reported times than honest ones do
-        assert lying_overhead < honest_overhead + 0.05, (lying_overhead, honest_overhead)
+        for slot, args in zip(slots, inputs):  # as the worker prepares it: staging, then the capture
+            runner.staging[slot] = Shared.create(args[0].numel() * 4)[0]
+            runner.prepare(slot, args)
+        for _ in range(3):
+            reported, _ = runner.run(slots, poison=False)  # a timed request
+        # What the graphs' own events measured for those very calls:
+        measured = sum(runner.slots[slot].events[0].elapsed_time(runner.slots[slot].events[1])
+                       for slot in slots)
+        assert reported < 0.8 * measured, (reported, measured)  # it claims less than its kernels took
+        # ... by skipping the copy the judge reads: the staged memory holds no output
+        staged = runner.staging[slots[0]].bytes[:inputs[0][0].numel() * 4].view(torch.float32)
+        assert not torch.equal(staged.view(1024, 4096), runner.last_outputs[0]), "the output was staged"
     """,
     "rmsnorm_leaves_gpu_work.py": """
         from runners.harness import timing
@@ -439,6 +465,10 @@ def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
     assert not left.exists(), "a file was left outside the child's folder"
     assert result.verdict == "rejected", result.guards
     failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
+    if name in EITHER:
+        assert [seen for seen, fragment in EITHER[name].items()
+                if fragment in failing.get(seen, "\0")], failing
+        return
     assert guard in failing, failing
     for fragment in fragments:
         assert fragment in failing[guard], failing[guard]

@@ -368,9 +368,13 @@ class Child:
         self._send({"do": do, "seq": self._seq, "max_bytes": max_bytes, **fields}, during)
         reply = self._receive(self.limits.call_s, during, max_bytes=max_bytes, phase_guard="process")
         reply.round_trip_ms = (time.perf_counter_ns() - started) / 1e6
+        if outside is not None:
+            # Told to stop before anything else: what the candidate can still do after
+            # its reply is bounded by the judge's own wake-up, not by the probe below.
+            outside.halt()
         if self.gpu is not None and do == "run":
-            # At once, before the stop: the sooner the probe is queued, the less of any
-            # work left running on the GPU can end unseen.
+            # At once, before waiting for the stop: the sooner the probe is queued, the
+            # less of any work left running on the GPU can end unseen.
             reply.idle_ms = self.gpu.idle_ms()
         if outside is not None:
             self._stop(during)

@@ -20,6 +20,8 @@ kernel right only on the declared grid is caught there.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,6 +50,10 @@ TIMED_OUTPUTS = "timed-outputs"
 CHECK_SLOT = "check"
 # A checked call that went wrong on replay, captured again on its own inputs.
 REPLAY_SLOT = "recheck"
+# How long the judge's probe kernel may wait for the GPU after a reply before the GPU
+# was still busy with the call's work: 0.11 ms idle on an H200, 1.25 ms behind a 1 ms
+# kernel (bench/gpu_sharing.py).
+GPU_BUSY_MS = 0.5
 
 
 class Feed(Protocol):
@@ -409,7 +415,8 @@ def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, se
             if (workload.device == "cuda" and outcome.get(CORRECTNESS) is not None
                     and made.of(call) is not made.of(calls[0])):
                 baked = _replay_problem(op, child, feed, this, calls[0], call,
-                                        made.of(calls[0]), outcome[CORRECTNESS])
+                                        made.of(calls[0]), outcome[CORRECTNESS],
+                                        gpu_wait_ms=reply.idle_ms)
                 if baked is not None:
                     tallies[CORRECTNESS].failure = None
                     return baked
@@ -418,7 +425,8 @@ def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, se
 
 
 def _replay_problem(op: Op, child: Requester, feed: Feed, expected: Expected, captured: CheckCall,
-                    call: CheckCall, captured_inputs: dict[str, Any], problem: str) -> Guard | None:
+                    call: CheckCall, captured_inputs: dict[str, Any], problem: str, *,
+                    gpu_wait_ms: float = math.nan) -> Guard | None:
     """A replay that went wrong, run again in a graph captured on its own inputs. Right
     there, it kept something of the call it was captured on (a length, a shape, a
     schedule read on the host) that a server's replay changes: the graph is to blame,
@@ -434,6 +442,14 @@ def _replay_problem(op: Op, child: Requester, feed: Feed, expected: Expected, ca
     if any(judge_output(op, expected, observed, "cuda").values()):
         return None
     changed = metadata_change(captured_inputs, expected.inputs)
+    if gpu_wait_ms > GPU_BUSY_MS:
+        # Wrong when read, with the GPU still busy: the graph is not to blame, the work
+        # that was still running when the judge read the output is.
+        return Guard("cuda-graph", "fail", (
+            f"wrong when the graph captured on {captured.where} is replayed on the inputs of "
+            f"{call.where}: {problem}, with work left running on the GPU past the reply (the "
+            f"judge's own kernel waited {gpu_wait_ms:.3g} ms for the GPU after it); the output "
+            "was read before the call's work was done"))
     return Guard("cuda-graph", "fail", (
         f"right when captured on its own inputs, wrong when the graph captured on "
         f"{captured.where} is replayed on the inputs of {call.where}"

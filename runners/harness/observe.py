@@ -67,6 +67,8 @@ class Outside:
         self.pid = pid
         self.stopped = False
         self._memory: int | None = None
+        self._halted_at: float | None = None
+        self._gone = False
 
     # -- the jail's processes ---------------------------------------------------------
 
@@ -98,14 +100,25 @@ class Outside:
         syscall = _read(f"{task}/syscall")
         return syscall is None or not syscall.startswith("running")
 
-    def stop(self) -> float:
-        """Stops every process of the jail and waits until no thread of it runs; returns
-        the seconds it took. The worker's reply came first, so the wait is for threads the
-        candidate left running."""
-        started = time.perf_counter()
+    def halt(self) -> None:
+        """Tells every process of the jail to stop, and returns at once: the judge sends it
+        the moment a reply is in, and waits for it (`stop`) only after whatever else must
+        happen straight after the reply (the GPU probe), so that no candidate code runs
+        while the judge does that."""
+        self._halted_at = time.perf_counter()
         try:
             os.killpg(self.pid, signal.SIGSTOP)
         except ProcessLookupError:
+            self._gone = True
+
+    def stop(self) -> float:
+        """Stops every process of the jail (if `halt` has not already) and waits until no
+        thread of it runs; returns the seconds since it was told to. The worker's reply
+        came first, so the wait is for threads the candidate left running."""
+        if self._halted_at is None:
+            self.halt()
+        started, self._halted_at = self._halted_at, None
+        if self._gone:
             self.stopped = True
             return 0.0
         while True:

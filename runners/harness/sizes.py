@@ -6,7 +6,9 @@ seed: context lengths that are odd (a multiple of no power of two), one below th
 smallest declared and one inside the declared span (above it when there is one size),
 within the op's declared range, at a batch size the run does not declare where the op
 allows another, no larger than the largest declared (half again the only one, when
-there is one): a secret size costs about what was asked, no more. They are checked for correctness only; a dispatch range is made of
+there is one): a secret size costs about what was asked, no more. Where an op's declared
+workloads share a constant (rmsnorm's eps), a secret size draws its own
+(`Op.secret_params`). They are checked for correctness only; a dispatch range is made of
 sizes that were checked and timed, and names the secret sizes checked inside it.
 """
 
@@ -51,8 +53,14 @@ def secret_workloads(op: Op, device: str, workloads: list[Workload],
 
     contexts = sorted({_odd(between(bottom, first), low, high), _odd(between(first, top), low, high)})
     found = op.workloads(device, contexts, [batch])
-    return [Workload(name=PREFIX + workload.name, device=workload.device, params=workload.params)
-            for workload in found]
+    secret = []
+    for workload in found:
+        params = op.secret_params(workload, draw)
+        shown = "".join(f",{key}={value:g}" if isinstance(value, float) else f",{key}={value}"
+                        for key, value in params.items())
+        secret.append(Workload(name=PREFIX + workload.name + shown, device=workload.device,
+                               params={**workload.params, **params}))
+    return secret
 
 
 def sizes_along(axis: str, workloads: list[Workload]) -> list[int]:
