@@ -39,6 +39,8 @@ ATTACKS = {
     "rmsnorm_defers_to_timer.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_aliases_its_outputs.py": (2, "aliasing", ["shares memory with the output of call"], [64]),
     "rmsnorm_finishes_after_replying.py": (2, "timed-outputs", [], [64]),
+    "rmsnorm_cuts_corners_in_the_step.py": (2, "e2e", ["the output of the decode step",
+                                                       "away from the kept kernel's"], [64]),
     # At T=64 half a call is ~0.08 ms, inside one request's margin: caught because short
     # calls are timed in batches.
     "rmsnorm_rewrites_its_clock.py": (3, "clock", ["reported times disagree with the judge's clock",
@@ -276,6 +278,15 @@ DEMOS = {
         threading.Timer(0.05, wire.write_message, (judge, {"do": "run"})).start()
         wire.read_message(requests)  # the worker waiting for its next request
         assert torch.allclose(out, rmsnorm(x, weight))
+    """,
+    "rmsnorm_cuts_corners_in_the_step.py": """
+        from runners.e2e.step import build_step, kept_dispatch
+        c = load()
+        assert torch.allclose(c.forward(x, weight, 1e-6), rmsnorm(x, weight))  # checked calls: honest
+        honest = build_step("rmsnorm", kept_dispatch()["rmsnorm"], device="cpu", context_length=2048,
+                            batch=1, seed=7)()
+        cheating = build_step("rmsnorm", c.forward, device="cpu", context_length=2048, batch=1, seed=7)()
+        assert (cheating - honest).norm() > 0.2 * honest.norm()  # inside the decode step: not
     """,
     "rmsnorm_tile_multiples_only.py": """
         c = load(); rows = torch.randn(100, 1024)

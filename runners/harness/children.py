@@ -383,14 +383,15 @@ class Child:
             reply.cpu_ms = (self._cpu_when_stopped - cpu_before) / 1e6
         if reply.header.get("seq") != self._seq:
             raise self._broken(during, "an answer to a request it was not asked")
-        if self.gpu is not None and do in ("prepare", "drop"):
+        if self.gpu is not None and do in ("prepare", "e2e_prepare", "drop"):
             # The judge's mapping keeps the child's memory alive: let go of a slot's once
             # the child has (a slot prepared again frees its earlier staging first).
             for slot in fields.get("slots", [fields.get("slot")]):
                 old = self._staging.pop(slot, None)
                 if old is not None:
                     old.close()
-        if do == "prepare" and self.gpu is not None and reply.header.get("ok"):
+        if (do == "prepare" or (do == "e2e_prepare" and "staging_fd" in reply.header)) \
+                and self.gpu is not None and reply.header.get("ok"):
             self._staging[fields["slot"]] = self._take(reply.header, "staging", during)
         self._note(reply.header)
         if not reply.header.get("ok"):

@@ -24,12 +24,15 @@ on cuda), at each declared batch size.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from runners.e2e import step as e2e_step
+from runners.e2e.model import SHAPES
 from runners.harness.children import BASELINE, CANDIDATE, CallFailed, Child, ChildFailure
 from runners.harness.measure import CONTROL, measure_step
 from runners.harness.result import Guard, WorkloadResult
@@ -39,6 +42,10 @@ from runners.ops import Op, Workload, get_op
 
 # The CPU step is there so CI runs the code path, not to measure much: a small budget.
 CPU_BUDGET_S = 0.25
+# How far (relative L2) the step's output with the candidate dispatched may lie from the
+# kept kernel's: a kernel's rounding, and a top-k that breaks a near-tie otherwise, move
+# it far less; a norm skipped or a selection made from a fraction of the keys, far more.
+STEP_OUTPUT_DIFFERENCE = 0.05
 HEADLINE = "geometric mean over points"
 
 
@@ -85,24 +92,73 @@ def check(
     and the `e2e` guard (or the guard of a candidate process that died doing it)."""
     budget = min(budget_s, CPU_BUDGET_S) if device == "cpu" else budget_s
     measured = []
+    differences = {}
     for point in points(op, workloads, device, batch_sizes):
         try:
-            times = measure_step(sides, context_length=point.context_length, batch=point.batch,
-                                 # The same on every side: identical weights and caches.
-                                 seed=derive_seed(secret_seed, "e2e", point.context_length, point.batch),
-                                 budget_s=budget)
+            times, outputs = measure_step(
+                sides, context_length=point.context_length, batch=point.batch,
+                # The same on every side: identical weights and caches.
+                seed=derive_seed(secret_seed, "e2e", point.context_length, point.batch),
+                budget_s=budget, output_bytes=_output_bound(point, device))
         except CallFailed as failure:
             return None, _call_failed(failure, point)
         except ChildFailure as failure:
             if failure.role == CANDIDATE:
                 return None, Guard(failure.guard, "fail", failure.detail)
             return None, Guard("e2e", "warn", f"the end-to-end check could not run: {failure.detail}")
+        differences[point], problem = _output_difference(outputs, point)
+        if problem is not None:
+            return None, problem
         measured.append((point, times))
         say(f"timed the decode step at {point.label}: {len(times[CANDIDATE].reported)} samples a side")
     steps = op.decode_steps[device] if op.decode_steps else None
     report = _report(measured, secret_seed=secret_seed, device=device, meaningful=meaningful,
                      steps=steps)
+    for row, (point, _) in zip(report["points"], measured, strict=True):
+        row["output_difference"] = differences[point]
     return report, _guard(report, workloads, kernel_results)
+
+
+def _output_bound(point: Point, device: str) -> int:
+    """More bytes than the step's output (a hidden vector per token, two tokens a
+    sequence at most) can take: a larger one is not the step's."""
+    return 2 * point.batch * SHAPES[device].hidden * 8
+
+
+def _output_difference(outputs: Mapping[str, Any], point: Point) -> tuple[float | None, Guard | None]:
+    """How far the step's output with the candidate dispatched lies from the kept
+    kernel's (relative L2, the same weights and caches on every side), and the guard
+    that fails when it is further than an honest kernel's rounding can take it: a
+    kernel that computes less only inside the step (where no forward call of its is
+    read) moves the end-to-end figure, not the kernel's verdict."""
+    baseline, control, candidate = outputs[BASELINE], outputs[CONTROL], outputs[CANDIDATE]
+    if baseline is None or control is None:
+        return None, None  # nothing to compare against: the kept kernel's step says nothing
+    where = f"the decode step at {point.label}"
+    if candidate is None:
+        return None, Guard("e2e", "fail", f"the output of {where} with the candidate dispatched "
+                                          "could not be read where its reply said it was")
+    if _relative_difference(control, baseline) > STEP_OUTPUT_DIFFERENCE:
+        return None, None  # the kept kernel's own step differs from itself: not comparable
+    difference = _relative_difference(candidate, baseline)
+    if difference > STEP_OUTPUT_DIFFERENCE:
+        shown = "of another shape or dtype" if math.isinf(difference) else (
+            f"{100 * difference:.3g}% away from the kept kernel's (relative L2; an honest "
+            f"kernel's rounding stays within {100 * STEP_OUTPUT_DIFFERENCE:g}%)")
+        return difference, Guard("e2e", "fail", (
+            f"the output of {where} with the candidate dispatched is {shown}: inside the step "
+            "it computes something else than the forward calls that were checked"))
+    return difference, None
+
+
+def _relative_difference(found: torch.Tensor, expected: torch.Tensor) -> float:
+    if found.shape != expected.shape or found.dtype != expected.dtype:
+        return math.inf
+    found, expected = found.double(), expected.double()
+    if not bool(torch.isfinite(found).all()):
+        return math.inf
+    scale = float(expected.norm()) or 1.0
+    return float((found - expected).norm()) / scale
 
 
 def _call_failed(failure: CallFailed, point: Point) -> Guard:

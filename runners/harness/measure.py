@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from runners.harness import arena
-from runners.harness.children import BASELINE, CANDIDATE, Child, ChildFailure, Reply, strided_span
+from runners.harness.children import (BASELINE, CANDIDATE, Child, ChildFailure, Reply, Unreadable,
+                                      strided_span)
 from runners.harness.correctness import Feed, Observed, observe, output_bound, output_facts, prepare
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import median_ci, median_ci_relative_width
@@ -408,13 +409,18 @@ def measure_step(
     batch: int,
     seed: int,
     budget_s: float,
-) -> dict[str, SideTimes]:
-    """Interleaved samples (ms) of one decode step per side, for the end-to-end check.
+    output_bytes: int,
+) -> tuple[dict[str, SideTimes], dict[str, torch.Tensor | None]]:
+    """Interleaved samples (ms) of one decode step per side, for the end-to-end check,
+    and each side's output of its last timed step, read from the stopped child (None
+    where it cannot be read, or is larger than `output_bytes`).
 
     Each child builds the step once (same seed, so the same weights and caches on every
     side) and every call replays it: a server replays one graph per batch size, and the
     step's inputs are its own. Timed exactly like forward calls: the same requests, the
-    same orders, warm-up, convergence rule and clock code in the child.
+    same orders, warm-up, convergence rule and clock code in the child. Every side runs
+    as many steps, so a step that carries state (the decode loop's caches) is at the
+    same step on every side when the outputs are read.
     """
     slot = f"e2e:ctx={context_length},m={batch}"
     point = f"the decode step at ctx={context_length}, batch {batch}"
@@ -422,11 +428,25 @@ def measure_step(
         child.request("e2e_prepare", f"building {point}", slot=slot,
                       context_length=context_length, batch=batch, seed=seed)
     times = {side: SideTimes() for side in children}
+    last: dict[str, Reply] = {}
     _interleave(children, times, [slot], f"a timed run of {point}",
-                budget_s=budget_s, min_samples=STEP_MIN_SAMPLES)
+                budget_s=budget_s, min_samples=STEP_MIN_SAMPLES,
+                after=lambda side, _, reply: last.__setitem__(side, reply))
+    outputs = {side: _read_step_output(children[side], last.get(side), output_bytes)
+               for side in children}
     for child in children.values():
         child.request("drop", f"freeing {point}", slots=[slot])
-    return times
+    return times, outputs
+
+
+def _read_step_output(child: Child, reply: Reply | None, max_bytes: int) -> torch.Tensor | None:
+    facts = output_facts(reply) if reply is not None else None
+    if not isinstance(facts, dict) or not facts.get("plain_tensor"):
+        return None
+    try:
+        return child.read_output(facts, max_bytes)
+    except Unreadable:
+        return None
 
 
 def median_overhead(sides: list[SideTimes]) -> float | None:

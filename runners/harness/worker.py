@@ -154,10 +154,17 @@ class Worker:
                           context_length=request["context_length"], batch=request["batch"],
                           seed=request["seed"])
         output = step()
+        found: dict[str, Any] = {}
         if self.device == "cuda":
             torch.cuda.synchronize()
+            if type(output) is torch.Tensor:
+                # Where each timed step's output is copied for the judge, who compares it
+                # with the kept kernel's step.
+                staging, fd = device_memory.Shared.create(max(1, output.numel() * output.element_size()))
+                self.runner.staging[slot] = staging
+                found.update(staging_fd=fd, staging_size=staging.size)
         self.runner.load_step(slot, step, output)
-        return {}, {}
+        return found, {}
 
     def _drop(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         for slot in request["slots"]:
