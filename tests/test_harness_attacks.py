@@ -39,6 +39,8 @@ ATTACKS = {
     "rmsnorm_defers_to_timer.py": (2, "correctness", ["seed #1"], [64]),
     "rmsnorm_aliases_its_outputs.py": (2, "aliasing", ["shares memory with the output of call"], [64]),
     "rmsnorm_finishes_after_replying.py": (2, "timed-outputs", [], [64]),
+    "rmsnorm_works_after_writing_its_reply.py": (3, "clock", ["reported times disagree with the judge's clock",
+                                                              "work the reported times do not show"], [64]),
     "rmsnorm_cuts_corners_in_the_step.py": (2, "e2e", ["the output of the decode step",
                                                        "away from the kept kernel's"], [64]),
     # At T=64 half a call is ~0.08 ms, inside one request's margin: caught because short
@@ -54,7 +56,7 @@ ATTACKS = {
                                                         "kernel-lab-answers.pt"], [64]),
     "rmsnorm_counts_the_judges_reads.py": (2, "timed-outputs", ["values differ from the reference"], [64]),
     "rmsnorm_rewrites_the_baselines_inputs.py": (5, "jail", ["writing outside its directory",
-                                                             "/proc/self/fd/"], [64]),
+                                                             "/proc/self/fd/", "/task/"], [64]),
     "rmsnorm_skips_one_slot.py": (2, "timed-outputs", ["values differ from the reference"], [64]),
     "rmsnorm_tile_multiples_only.py": (6, "correctness", ["secret size"], [64]),
     "dsa_chunks_of_2048_only.py": (6, "correctness", ["secret size"], [2048]),
@@ -81,10 +83,11 @@ GPU_WORK_GUARDS = {"clock": "judge's",
                    "roofline": "is below the physical floor"}
 # An attack on the harness's own work is seen by the output it did not copy for the judge.
 SKIPPED_WORK_GUARDS = {"timed-outputs": "values differ from the reference"}
-# Work left for after the reply: the judge tells the jail to stop the moment the reply is
-# in, so the handler's rows are unfinished when the output is read (values wrong, or the
-# memory's NaN), or, when the stop came before the handler started, it runs once the jail
-# is resumed, inside the next request, and the judge's clock sees it.
+# Work left for after the reply: the judge's clock runs until the worker waits on its
+# next request and the jail is stopped then, so the handler's rows are unfinished when
+# the output is read (values wrong, or the memory's NaN), or, when the stop came before
+# the handler started, it runs once the jail is resumed, inside the next request, and the
+# judge's clock sees it.
 AFTER_REPLY_GUARDS = {"timed-outputs": "", "clock": "work the reported times do not show"}
 EITHER = {"rmsnorm_finishes_after_replying.py": AFTER_REPLY_GUARDS}
 
@@ -278,6 +281,19 @@ DEMOS = {
         threading.Timer(0.05, wire.write_message, (judge, {"do": "run"})).start()
         wire.read_message(requests)  # the worker waiting for its next request
         assert torch.allclose(out, rmsnorm(x, weight))
+    """,
+    "rmsnorm_works_after_writing_its_reply.py": """
+        from runners.harness import wire
+        from runners.harness.timing import CpuRunner, no_counter
+        runner = CpuRunner(no_counter); c = load(); runner.forward = c.forward
+        runner.prepare("s", (x, weight, 1e-6))
+        runner.run(["s"], poison=False)  # a timed call
+        out = runner.last_outputs[-1]
+        assert not torch.allclose(out, rmsnorm(x, weight))  # when forward returned
+        reader, writer = os.pipe()
+        wire.write_message(writer, {"ok": True})  # the worker's reply...
+        assert wire.read_message(reader)[0] == {"ok": True}  # ... whole, and then
+        assert torch.allclose(out, rmsnorm(x, weight))  # the work was done after it
     """,
     "rmsnorm_cuts_corners_in_the_step.py": """
         from runners.e2e.step import build_step, kept_dispatch

@@ -297,6 +297,14 @@ def test_the_input_file_every_child_maps_is_read_only_to_the_children():
             assert refused.value.errno in (errno.EBADF, errno.EINVAL, errno.EPERM)
         with pytest.raises(PermissionError):
             os.ftruncate(inputs.fd, 0)  # sealed: not even the judge's own descriptor shrinks it
+        reopened = os.open(f"/proc/self/fd/{inputs.fd}", os.O_RDWR)  # its owner may reopen it...
+        try:
+            with pytest.raises(PermissionError):
+                os.pwrite(reopened, b"x", 0)  # ... and still not write it: sealed against writes
+            with pytest.raises(PermissionError):
+                mmap.mmap(reopened, inputs.capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(reopened)
         if os.geteuid() == 0:
             child = os.fork()
             if child == 0:
@@ -309,3 +317,64 @@ def test_the_input_file_every_child_maps_is_read_only_to_the_children():
             assert os.waitpid(child, 0)[1] == 0, "another user reopened the input file for writing"
     finally:
         inputs.close()
+
+
+# Widens its cores by racing the jail's check: the supervisor reads the mask from the
+# caller's memory, and a mask in a page the caller never touched shows (in pagemap) the
+# moment it was read; a helper thread then writes the wide mask there. Let through, the
+# kernel read the mask again and took the wide one (1-3 tries on this machine); the
+# supervisor now sets the mask it read itself. The import fails if the race was won.
+_RACES_THE_AFFINITY_CHECK = """
+    import ctypes, mmap, os, struct, threading, time
+    import torch
+
+    own = os.sched_getaffinity(0)
+    wide = set(range(os.cpu_count()))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sched_setaffinity.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+
+    def present(address):
+        raw = os.pread(pagemap, 8, (address // 4096) * 8)
+        return len(raw) == 8 and struct.unpack("<Q", raw)[0] >> 63
+
+    for attempt in range(100):
+        with open(f"mask{attempt}", "wb") as handle:
+            handle.write(struct.pack("<Q", sum(1 << cpu for cpu in own)) + bytes(4088))
+        fd = os.open(f"mask{attempt}", os.O_RDWR)
+        page = mmap.mmap(fd, 4096, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        done = [False]
+
+        def flip():
+            end = time.monotonic() + 0.05
+            while not done[0] and time.monotonic() < end:
+                if present(address):
+                    page[0:8] = struct.pack("<Q", sum(1 << cpu for cpu in wide))
+                    return
+
+        helper = threading.Thread(target=flip)
+        helper.start()
+        libc.sched_setaffinity(0, 8, address)
+        done[0] = True
+        helper.join()
+        if os.sched_getaffinity(0) - own:
+            raise RuntimeError(f"won the race on attempt {attempt}: {sorted(os.sched_getaffinity(0))}")
+
+    def forward(x, weight, eps):
+        hidden = x.float()
+        rstd = torch.rsqrt(hidden.square().mean(dim=-1, keepdim=True) + eps)
+        return (hidden * rstd * weight.float()).to(x.dtype)
+"""
+
+
+def test_a_race_on_the_affinity_check_gains_no_core(tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this machine has one core: the race needs a core to take")
+    result = evaluate("rmsnorm", _candidate(tmp_path, _RACES_THE_AFFINITY_CHECK), context_lengths=[64],
+                      time_budget_s=0.2, limits=Limits(import_s=60, call_s=20, memory_bytes=1024 * 2**20))
+    loads = next(guard for guard in result.guards if guard.name == "loads")
+    assert loads.status == "pass", loads.detail  # it never had the wide mask
+    # A try whose wide mask the supervisor read in time is refused, and named.
+    assert "sched_setaffinity" in _failing(result).get("jail", "sched_setaffinity"), _failing(result)
+    assert "config" not in _failing(result), _failing(result)

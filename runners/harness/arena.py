@@ -90,6 +90,11 @@ def shifted(entries: list[Entry], by: int) -> list[Entry]:
             else entry for entry in entries]
 
 
+# Linux 5.1's F_SEAL_FUTURE_WRITE (Python's fcntl does not name it): no write and no
+# shared writable mapping from now on; mappings that exist keep working.
+_F_SEAL_FUTURE_WRITE = 0x0010
+
+
 class Arena:
     """The judge's side: the file, mapped shared, sized for the largest input set."""
 
@@ -103,11 +108,16 @@ class Arena:
         # sealed, only its owner may open it for writing, and the children get a
         # descriptor opened read-only (`child_fd`), which refuses write, fallocate and
         # ftruncate; a copy-on-write mapping needs no more.
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         os.fchmod(self.fd, 0o600)
         self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
         self._map = mmap.mmap(self.fd, self.capacity, mmap.MAP_SHARED,
                               mmap.PROT_READ | mmap.PROT_WRITE)
+        # Sealed once the judge's own writable mapping exists: from then on no one, the
+        # file's owner included, writes it but through that mapping (a reopening by a
+        # /proc descriptor link with O_RDWR still cannot write, whatever the path checks
+        # and the children's user), and the children's copy-on-write mappings are theirs.
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | _F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
 
     def write(self, entries: list[Entry], inputs: Mapping[str, Any]) -> None:
         for entry in entries:

@@ -43,6 +43,9 @@ _INHERITED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CU
               "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
               "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 _STARTUP_S = 120.0  # trusted part of the start: the interpreter, torch, the op
+# How long the judge's clock waits after a reply for the worker to wait on its next
+# request (an honest one does within microseconds) before it stops it where it is.
+WAIT_READING_S = 0.5
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
@@ -196,6 +199,8 @@ class Child:
         self.scratch = Path(tempfile.mkdtemp(prefix="kernel-lab-child-"))
         self._root = Path(tempfile.mkdtemp(prefix="kernel-lab-root-"))
         requests_read, self._requests = os.pipe()
+        # Its number in the child too (passed as is): the judge sees the worker wait on it.
+        self._child_requests_fd = requests_read
         self._replies, replies_write = os.pipe()
         self._report, report_write = os.pipe()
         os.set_blocking(self._report, False)
@@ -237,6 +242,9 @@ class Child:
             self.kill()
             raise ChildFailure("jail", f"the {self.label}'s supervisor never said which "
                                        "process it jailed", self.role)
+        # The settings it has before the candidate exists: a change made while importing
+        # is the candidate's too.
+        self.settings_before = Outside(self.worker_pid).settings()
         # Only now may it import the candidate: whatever the jail refuses from here on is
         # the candidate's.
         self._send({"do": "load"}, "starting")
@@ -251,7 +259,6 @@ class Child:
         self.outside = Outside(self.worker_pid)
         self._stop(f"importing {Path(self.setup['candidate']).name}")
         self._cpu_when_stopped = self.outside.cpu_ns()
-        self.settings_before = self.outside.settings()
         if not loaded.get("ok"):
             raise CallFailed("load", shorten(str(loaded.get("error", "it could not be loaded"))), self.role)
 
@@ -367,10 +374,14 @@ class Child:
             outside.resume()
         self._send({"do": do, "seq": self._seq, "max_bytes": max_bytes, **fields}, during)
         reply = self._receive(self.limits.call_s, during, max_bytes=max_bytes, phase_guard="process")
+        if outside is not None:
+            # The clock runs on until the worker waits for its next request: work done
+            # after writing the reply is the request's. Then stop it before anything else.
+            # One that never waits is stopped where it is after WAIT_READING_S, all of it
+            # on the clock.
+            outside.wait_reading(self._child_requests_fd, WAIT_READING_S)
         reply.round_trip_ms = (time.perf_counter_ns() - started) / 1e6
         if outside is not None:
-            # Told to stop before anything else: what the candidate can still do after
-            # its reply is bounded by the judge's own wake-up, not by the probe below.
             outside.halt()
         if self.gpu is not None and do == "run":
             # At once, before waiting for the stop: the sooner the probe is queued, the

@@ -22,6 +22,12 @@ STOP_TIMEOUT_S = 10.0
 # Between two looks at a stopping jail: short against a call, long enough not to keep a
 # core busy (the judge's thread may share one with other work).
 _POLL_S = 20e-6
+# How long the judge looks without sleeping for a worker to wait on its next request: an
+# honest one does within microseconds of its reply.
+_SPIN_S = 2e-3
+# x86-64's read and readv (the only host the jail runs on): a worker waiting for its
+# next request is in one of them on the request pipe (/proc/<pid>/syscall shows it).
+_READS = (0, 19)
 
 
 class StopFailed(Exception):
@@ -33,7 +39,7 @@ class Settings:
     """The worker's scheduling settings as the kernel holds them."""
 
     threads: int
-    cores: str  # Cpus_allowed_list, e.g. "1" or "2-3"
+    cores: str  # Cpus_allowed_list, e.g. "1" or "2-3"; threads that differ after " | "
     nice: int
     limits: str  # /proc/<pid>/limits, the lines that differ between processes included
 
@@ -100,6 +106,25 @@ class Outside:
         syscall = _read(f"{task}/syscall")
         return syscall is None or not syscall.startswith("running")
 
+    def wait_reading(self, fd: int, limit_s: float) -> bool:
+        """Waits until the worker's main thread is blocked reading descriptor `fd` (its
+        next request), at most `limit_s`; False when that could not be seen. The judge's
+        clock ends there, not when the reply came in: whatever the candidate does after
+        writing its reply, before it waits for the next request, is on the clock."""
+        blocked = tuple(f"{number} {fd:#x} " for number in _READS)
+        started = time.perf_counter()
+        while True:
+            text = _read(f"/proc/{self.pid}/syscall")
+            if text is None:
+                return False  # gone, or /proc cannot show it here
+            if text.startswith(blocked):
+                return True
+            waited = time.perf_counter() - started
+            if waited > limit_s:
+                return False
+            if waited > _SPIN_S:
+                time.sleep(_POLL_S)
+
     def halt(self) -> None:
         """Tells every process of the jail to stop, and returns at once: the judge sends it
         the moment a reply is in, and waits for it (`stop`) only after whatever else must
@@ -162,8 +187,24 @@ class Outside:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         nice = int(stat[stat.rindex(")") + 2:].split()[16])
         return Settings(threads=int(fields.get("Threads", "0")),
-                        cores=fields.get("Cpus_allowed_list", "").strip(),
+                        cores=self._cores(fields.get("Cpus_allowed_list", "").strip()),
                         nice=nice, limits=limits)
+
+    def _cores(self, main: str) -> str:
+        """Every thread's allowed cores, not only the main thread's (each has its own
+        mask): the distinct lists, the main thread's first."""
+        found = [main]
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            tasks = []
+        for task in tasks:
+            status = _read(f"/proc/{self.pid}/task/{task}/status") or ""
+            line = next((line for line in status.splitlines() if line.startswith("Cpus_allowed_list:")), "")
+            cores = line.partition(":")[2].strip()
+            if cores and cores not in found:
+                found.append(cores)
+        return " | ".join(found)
 
     # -- memory -----------------------------------------------------------------------
 

@@ -62,6 +62,10 @@ _WRITTEN_PATHS: dict[str, tuple[tuple[int | None, int], ...]] = {
 }
 
 
+# A decision that the call was made here, on the caller's behalf: it returns 0.
+DONE = (False, 0)
+
+
 def _signed32(value: int) -> int:
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value & 0x80000000 else value
@@ -122,6 +126,32 @@ class Supervisor:
                 return None
         return os.path.normpath(path)
 
+    def _followed(self, pid: int, path: str) -> str:
+        """The path with the links the candidate made along it followed, in the jail's
+        view: a link in its scratch folder to a /proc descriptor link is that descriptor.
+        (A link swapped in after this check is not seen; what the descriptor refers to is
+        sealed against writing, runners.harness.arena.)"""
+        root = f"/proc/{pid}/root"
+        # Only where it can make links: everywhere else they are the system's, read-only.
+        places = [place.rstrip("/") for place in (self.plan.scratch, "/dev/shm")]  # nosec B108
+        for _ in range(40):
+            parts = path.strip("/").split("/")
+            for end in range(1, len(parts) + 1):
+                prefix = "/" + "/".join(parts[:end])
+                if not any(prefix.startswith(place + "/") for place in places):
+                    continue
+                try:
+                    target = os.readlink(root + prefix)
+                except OSError:
+                    continue  # not a link, or not there
+                rest = "/".join(parts[end:])
+                base = target if target.startswith("/") else os.path.join(os.path.dirname(prefix), target)
+                path = os.path.normpath(os.path.join(base, rest) if rest else base)
+                break
+            else:
+                return path
+        return path
+
     def _writable(self, path: str) -> bool:
         """Its scratch folder, the devices it was given (a GPU's open read-write), and
         /proc files of its own processes (thread names, its own limits), which name no
@@ -132,9 +162,9 @@ class Supervisor:
                     for place in [scratch, "/dev/shm", *self.plan.devices])  # nosec B108
                 or (len(parts) > 3 and parts[1] == "proc"
                     and (parts[2] in ("self", "thread-self") or parts[2].isdigit())
-                    # Not a descriptor reopened by its magic link: the judge hands some
-                    # out read-only (the input file every child maps).
-                    and parts[3] not in ("fd", "map_files"))
+                    # Not a descriptor reopened by its magic link, a thread's included:
+                    # the judge hands some out read-only (the input file every child maps).
+                    and not {"fd", "map_files"} & set(parts[3:]))
                 # Harmless on a read-only /dev, and the GPU driver remakes its links there
                 # at every start; the folders above the scratch folder (makedirs).
                 or path.startswith("/dev/char/") or scratch.startswith(path.rstrip("/") + "/"))
@@ -142,7 +172,8 @@ class Supervisor:
     # -- deciding -------------------------------------------------------------------
 
     def decide(self, pid: int, number: int, args: tuple[int, ...]) -> tuple[bool, int]:
-        """(let it through, errno otherwise) for one call; records what it refused."""
+        """(let it through, errno otherwise) for one call; records what it refused. DONE:
+        the supervisor made the call itself, and it returns 0."""
         name = syscall_filter.NAMES.get(number, f"system call {number}")
         if name == "clone" and args[0] & syscall_filter.CLONE_NEW_NAMESPACES:
             return self._refuse("clone with new namespaces (a way out of the jail)", errno.EPERM)
@@ -152,25 +183,27 @@ class Supervisor:
             return self._refuse(f"starting a process ({name})", errno.EPERM)
         if name in syscall_filter.PROGRAM_STARTS:
             return self._program(pid, name, args)
-        if name == "sched_setaffinity" and self._within_cores(pid, args):
-            return True, 0
+        if name == "sched_setaffinity" and (mask := self._within_cores(pid, args)) is not None:
+            return self._set_cores(pid, args[0], mask)
         if name in _WRITTEN_PATHS:
             for dirfd_index, path_index in _WRITTEN_PATHS[name]:
                 text = self._string(pid, args[path_index])
                 if text is None:
                     continue
                 path = self._resolved(pid, None if dirfd_index is None else args[dirfd_index], text)
+                if path is not None:
+                    path = self._followed(pid, path)
                 if path is not None and not self._writable(path):
                     return self._refuse(f"writing outside its directory: {path} ({name})", errno.EACCES)
             return True, 0
         return self._refuse(self._describe(pid, name, args), errno.EPERM)
 
-    def _within_cores(self, pid: int, args: tuple[int, ...]) -> bool:
-        """A mask within the cores it may have now (torch probes its cores one by one as
-        it starts; the worker then narrows itself to its own)."""
+    def _within_cores(self, pid: int, args: tuple[int, ...]) -> int | None:
+        """The mask asked for, if it is within the cores it may have now (torch probes
+        its cores one by one as it starts; the worker then narrows itself to its own)."""
         size, address = args[1], args[2]
         if not self.plan.cpus or not 0 < size <= 1024:
-            return False
+            return None
         try:
             fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
             try:
@@ -178,16 +211,48 @@ class Supervisor:
             finally:
                 os.close(fd)
         except OSError:
-            return False
+            return None
         own = sum(1 << cpu for cpu in self.plan.cpus)
         start = sum(1 << cpu for cpu in (self.plan.start_cpus or self.plan.cpus))
         if mask == 0 or mask & ~(own if self.narrowed else start):
-            return False
+            return None
         # The worker narrows itself naming its own process (torch's probing as it is
         # imported names the calling thread, 0): from then on, no wider.
         if args[0] != 0 and mask & ~own == 0:
             self.narrowed = True
-        return True
+        return mask
+
+    def _set_cores(self, pid: int, target: int, mask: int) -> tuple[bool, int]:
+        """Sets the mask it read itself, and answers the call done: let through, the
+        kernel would read the mask from the caller's memory again, after a thread of its
+        could have widened it (a read of a page the caller had never touched shows it the
+        moment to). `target` is a thread of the caller's, by its number in the jail."""
+        task = pid if _signed32(target) == 0 else self._jail_task(pid, _signed32(target))
+        if task is None:
+            return False, errno.ESRCH
+        try:
+            os.sched_setaffinity(task, [cpu for cpu in range(mask.bit_length()) if mask >> cpu & 1])
+        except OSError as error:
+            return False, error.errno or errno.EINVAL
+        return DONE
+
+    @staticmethod
+    def _jail_task(pid: int, number: int) -> int | None:
+        """The thread of the caller's process numbered `number` in the jail, by its
+        number in the supervisor's view (the last of its NSpid numbers is the jail's)."""
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/status", encoding="ascii", errors="replace") as handle:
+                    line = next((line for line in handle if line.startswith("NSpid:")), "")
+            except OSError:
+                continue
+            if line.split()[-1:] == [str(number)]:
+                return int(task)
+        return None
 
     def _program(self, pid: int, name: str, args: tuple[int, ...]) -> tuple[bool, int]:
         dirfd, path_index = (None, 0) if name == "execve" else (args[0], 1)

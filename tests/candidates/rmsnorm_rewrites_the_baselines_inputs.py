@@ -2,8 +2,10 @@
 shared file of the judge's, and the worker's own `setup` (found up the import's stack
 frames) names the descriptor of it. At import it writes subnormal floats over the file,
 which the baselines would then read (subnormal arithmetic is many times slower on a
-CPU), through that descriptor or, if it is read-only, through a reopening of it by its
-`/proc/self/fd` link with libc's `open` (which Python's audit hook does not see). Its own kernel is honest.
+CPU), through that descriptor or, if it is read-only, through a reopening of it with
+libc's `open` (which Python's audit hook does not see): by its `/proc/self/fd` link, by
+the same link of its thread (`/proc/self/task/<tid>/fd`), and by a symbolic link to it
+made in its own folder. Its own kernel is honest.
 """
 
 import ctypes
@@ -35,10 +37,16 @@ def _subnormal_inputs():
         # Reopened for writing by its link, through libc: no audit event for Python's
         # tripwire to refuse.
         libc = ctypes.CDLL(None, use_errno=True)
-        writable = libc.open(f"/proc/self/fd/{fd}".encode(), os.O_RDWR)
-        if writable >= 0:
-            os.pwrite(writable, chunk, 0)
-            os.close(writable)
+        os.symlink(f"/proc/self/fd/{fd}", "inputs")
+        for link in (f"/proc/self/fd/{fd}", f"/proc/self/task/{os.getpid()}/fd/{fd}",
+                     os.path.abspath("inputs")):
+            writable = libc.open(link.encode(), os.O_RDWR)
+            if writable >= 0:
+                try:
+                    os.pwrite(writable, chunk, 0)
+                except OSError:
+                    pass
+                os.close(writable)
 
 
 _subnormal_inputs()
