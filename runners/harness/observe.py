@@ -127,9 +127,9 @@ class Outside:
 
     def halt(self) -> None:
         """Tells every process of the jail to stop, and returns at once: the judge sends it
-        the moment a reply is in, and waits for it (`stop`) only after whatever else must
-        happen straight after the reply (the GPU probe), so that no candidate code runs
-        while the judge does that."""
+        the moment the worker waits on its next request, and waits for it (`stop`) only
+        after whatever else must happen straight after the reply (the GPU probe), so that
+        no candidate code runs while the judge does that."""
         self._halted_at = time.perf_counter()
         try:
             os.killpg(self.pid, signal.SIGSTOP)
