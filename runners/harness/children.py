@@ -289,9 +289,9 @@ class Child:
         """While a request runs: how many threads the worker has, read from outside
         (a candidate that takes more only inside a call and ends them before it
         returns shows here, not between calls)."""
-        settings = self.outside.settings() if self.outside is not None else None
-        if settings is not None:
-            self.threads_in_calls = max(self.threads_in_calls, settings.threads)
+        threads = self.outside.threads() if self.outside is not None else None
+        if threads is not None:
+            self.threads_in_calls = max(self.threads_in_calls, threads)
 
     def _stop(self, during: str) -> None:
         assert self.outside is not None

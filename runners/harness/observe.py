@@ -178,6 +178,15 @@ class Outside:
                 total += int(text.split()[0])
         return total
 
+    def threads(self) -> int | None:
+        """How many threads the worker has now: what the judge polls while a request
+        runs (settings() reads every thread's cores too, which that poll does not need)."""
+        status = _read(f"/proc/{self.pid}/status")
+        if status is None:
+            return None
+        line = next((line for line in status.splitlines() if line.startswith("Threads:")), "")
+        return int(line.partition(":")[2] or 0)
+
     def settings(self) -> Settings | None:
         status = _read(f"/proc/{self.pid}/status")
         stat = _read(f"/proc/{self.pid}/stat")
