@@ -378,3 +378,34 @@ def test_a_race_on_the_affinity_check_gains_no_core(tmp_path):
     # A try whose wide mask the supervisor read in time is refused, and named.
     assert "sched_setaffinity" in _failing(result).get("jail", "sched_setaffinity"), _failing(result)
     assert "config" not in _failing(result), _failing(result)
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of a process (Z: exited, not yet reaped), or None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_a_child_has_exited_when_it_is_closed_and_its_memory_is_free(tmp_path, monkeypatch):
+    # A worker holding much memory takes a while to exit after its SIGKILL, longer than
+    # its supervisor does; on a GPU the next evaluation's children then found most of
+    # the device still held (cuMemCreate out of memory). close() waits for the worker.
+    from runners.harness import children
+
+    closed = []
+    original = children.Child.close
+
+    def recording(child):
+        pid = child.worker_pid
+        original(child)
+        closed.append((pid, _process_state(pid)))
+
+    monkeypatch.setattr(children.Child, "close", recording)
+    heavy = _candidate(tmp_path, RIGHT + "\nHELD = torch.ones(200 * 2**20)  # 800 MB, touched\n")
+    result = evaluate("rmsnorm", heavy, context_lengths=[64], time_budget_s=0.02,
+                      limits=Limits(import_s=20, call_s=5, memory_bytes=1536 * 2**20))
+    assert result.correct is True
+    assert len(closed) >= 3 and all(pid is not None for pid, _ in closed)
+    assert [state for _, state in closed if state not in (None, "Z")] == []

@@ -46,6 +46,9 @@ _STARTUP_S = 120.0  # trusted part of the start: the interpreter, torch, the op
 # How long the judge's clock waits after a reply for the worker to wait on its next
 # request (an honest one does within microseconds) before it stops it where it is.
 WAIT_READING_S = 0.5
+# How long a kill waits for the worker to have exited (a GPU context of tens of GiB
+# takes a moment to give back), after which it goes on regardless.
+WORKER_EXIT_S = 10
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
@@ -178,6 +181,7 @@ class Child:
         # The worker's own process id (the supervisor is self.process), once reported,
         # and the judge's view of it from outside once the candidate is loaded.
         self.worker_pid: int | None = None
+        self._worker_exit: int | None = None  # a pidfd: readable once the worker has exited
         self.outside: Outside | None = None
         self.settings_before: Settings | None = None
         self._arena_address: int | None = None
@@ -462,8 +466,12 @@ class Child:
                 continue
             if not isinstance(said, dict):
                 continue
-            if isinstance(said.get("pid"), int):
+            if isinstance(said.get("pid"), int) and self.worker_pid is None:
                 self.worker_pid = said["pid"]
+                try:  # its parent, the supervisor, has not reaped it: the number is its own
+                    self._worker_exit = os.pidfd_open(self.worker_pid)
+                except OSError:
+                    pass
             if isinstance(said.get("refused"), str):
                 self.watch.jail_refused.append(shorten(said["refused"]))
             if isinstance(said.get("ran"), str):
@@ -534,6 +542,19 @@ class Child:
             except (ProcessLookupError, PermissionError):
                 pass
         self.process.wait()
+        self._wait_worker_gone()
+
+    def _wait_worker_gone(self) -> None:
+        """Waits until the worker itself has exited, not only the supervisor: a killed
+        worker gives back its GPU memory while it exits, and the next evaluation's children
+        (tens of GiB on a GPU) found it still held when this returned at once."""
+        if self._worker_exit is None:
+            return
+        poller = select.poll()
+        poller.register(self._worker_exit, select.POLLIN)
+        poller.poll(WORKER_EXIT_S * 1000)
+        os.close(self._worker_exit)
+        self._worker_exit = None
 
     def close(self) -> None:
         """End the child and everything it started, and remove its directories. Nothing
