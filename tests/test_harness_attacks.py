@@ -526,3 +526,19 @@ def test_a_refusal_while_importing_counts_however_late_the_judge_reads_the_start
     failing = {g.name: g.detail for g in result.guards if g.status == "fail"}
     assert result.verdict == "rejected", result.guards
     assert "kernel-lab-answers.pt" in failing.get("jail", ""), failing
+
+
+def test_readings_checked_during_the_timing_still_catch_a_wrong_timed_call(monkeypatch):
+    # Past OBSERVED_BYTES the judge checks the readings it holds between two requests and
+    # lets them go (large outputs on a GPU); the check must catch what the one at the end
+    # does, and pass an honest candidate.
+    from runners.harness import measure
+
+    monkeypatch.setattr(measure, "OBSERVED_BYTES", 1)
+    wrong = evaluate("rmsnorm", CANDIDATES / "rmsnorm_skips_one_slot.py", context_lengths=[64],
+                     time_budget_s=3.0, limits=LIMITS, seed=20261201)
+    failing = {g.name: g.detail for g in wrong.guards if g.status == "fail"}
+    assert "values differ from the reference" in failing.get("timed-outputs", ""), failing
+    honest = evaluate("rmsnorm", CANDIDATES / "rmsnorm_correct_rows.py", context_lengths=[64],
+                      time_budget_s=0.3, limits=LIMITS, seed=20261201)
+    assert honest.verdict != "rejected", honest.guards

@@ -437,7 +437,7 @@ def _time(run: _Run, checked: Child) -> None:
         measurement = measure_workload(run.op, workload, position, sides, feed=run.feed,
                                        secret_seed=result.seed, budget_s=run.budget_s,
                                        capacity=run.input_capacity)
-        problems = revalidate(run.op, workload, measurement.observed)
+        problems = measurement.problems or revalidate(run.op, workload, measurement.observed)
         if measurement.aliasing is not None:
             problems.append(Guard("aliasing", "fail", f"{measurement.aliasing} ({workload.name})"))
         if problems:

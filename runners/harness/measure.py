@@ -47,7 +47,8 @@ import torch
 from runners.harness import arena
 from runners.harness.children import (BASELINE, CANDIDATE, Child, ChildFailure, Reply, Unreadable,
                                       strided_span)
-from runners.harness.correctness import Feed, Observed, observe, output_bound, output_facts, prepare
+from runners.harness.correctness import (Feed, Observed, observe, output_bound, output_facts, prepare,
+                                         revalidate)
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import median_ci, median_ci_relative_width
 from runners.ops import DISTRIBUTIONS, Op, Workload
@@ -64,6 +65,12 @@ WARMUP_ROUNDS = 3
 # rmsnorm call of 0.048 ms (T=1024) goes 32 to a request.
 BATCH_TARGET_MS = {"cpu": 4.0, "cuda": 1.5}
 MAX_BATCH = 32
+# The most memory the judge keeps in readings of timed calls (outputs and the inputs
+# read back) before it checks them: at T=65536 fp32 a reading holds 2 GiB, and the
+# judge held 39 GiB of them on an H200, beside three children of up to a quarter of the
+# GPU each, until a child's allocation failed. Past it, the readings held so far are
+# checked between two requests (while every child is stopped) and let go.
+OBSERVED_BYTES = 8 * 2**30
 # Input memory a child is given beyond its largest input set, so that batches of short
 # calls fit side by side (runners.harness.evaluate sizes it with batch_capacity).
 BATCH_ARENA_BYTES = 64 * 2**20
@@ -146,6 +153,8 @@ class Measurement:
     observed: list[tuple[int, int, str, Observed]]
     # Why the candidate's outputs alias each other, if they do.
     aliasing: str | None = None
+    # What the readings already checked during the timing found (see OBSERVED_BYTES).
+    problems: list = field(default_factory=list)
 
 
 def round_seed(secret_seed: int, workload: Workload, round_number: int, call: int = 0) -> int:
@@ -273,6 +282,7 @@ def measure_workload(
     aliasing = _Aliasing(candidate, max_bytes) if workload.device == "cpu" else None
     picked: dict[int, list[int]] = {}
     last_reply: dict[int, Reply] = {}
+    problems: list = []
     # Which calls of an observed request are read: the next few of a secret order of the
     # batch's slots, over and over, so that a slot whose graph or answer is wrong is read
     # in the first few observed requests whichever slot it is.
@@ -298,6 +308,9 @@ def measure_workload(
             observed.append((round_seed(secret_seed, workload, round_number, call), round_number,
                              TIMING_DISTRIBUTION, reading))
             first = first or (call, reading)
+        if not problems and sum(_held_bytes(entry[3]) for entry in observed) > OBSERVED_BYTES:
+            problems.extend(revalidate(op, workload, observed))
+            observed.clear()
         if aliasing is not None:
             aliasing.after_request(round_number, reply, first, length)
 
@@ -315,8 +328,13 @@ def measure_workload(
                              observe(candidate, last_reply[0], layouts[call], max_bytes, index=call)))
     for child in children.values():
         child.request("drop", f"freeing the inputs of {workload.name}", slots=slots)
-    return Measurement(times=times, observed=observed,
-                       aliasing=aliasing.problem if aliasing is not None else None)
+    return Measurement(times=times, observed=[] if problems else observed,
+                       aliasing=aliasing.problem if aliasing is not None else None, problems=problems)
+
+
+def _held_bytes(reading: Observed) -> int:
+    tensors = [reading.output, *(reading.inputs_now or {}).values()]
+    return sum(value.numel() * value.element_size() for value in tensors if isinstance(value, torch.Tensor))
 
 
 def batch_capacity(largest_set: int, largest_timed_set: int) -> int:
