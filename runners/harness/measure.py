@@ -283,6 +283,7 @@ def measure_workload(
     picked: dict[int, list[int]] = {}
     last_reply: dict[int, Reply] = {}
     problems: list = []
+    held = [0]  # bytes of the readings in `observed`
     # Which calls of an observed request are read: the next few of a secret order of the
     # batch's slots, over and over, so that a slot whose graph or answer is wrong is read
     # in the first few observed requests whichever slot it is.
@@ -308,9 +309,11 @@ def measure_workload(
             observed.append((round_seed(secret_seed, workload, round_number, call), round_number,
                              TIMING_DISTRIBUTION, reading))
             first = first or (call, reading)
-        if not problems and sum(_held_bytes(entry[3]) for entry in observed) > OBSERVED_BYTES:
+            held[0] += _held_bytes(reading)
+        if not problems and held[0] > OBSERVED_BYTES:
             problems.extend(revalidate(op, workload, observed))
             observed.clear()
+            held[0] = 0
         if aliasing is not None:
             aliasing.after_request(round_number, reply, first, length)
 
