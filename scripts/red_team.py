@@ -78,9 +78,11 @@ KNOWN_REJECTIONS = {
 # too, which widens what it must allow (`rmsnorm_halves_gpu_time.py` lies 0.2 ms a
 # request at T=1024: judged no-gain beside four others, rejected by clock in 4 of 4
 # runs alone; docs/benchmarks.md). A runner has its GPU to itself, so where such a
-# guard decided (a legit candidate rejected by these alone, or a hack whose row names
-# one of them missed), the candidate is evaluated again with nothing beside it and
-# that verdict counts; the shared run's is printed beside it. (Judges on a CPU share
+# guard decided (a legit candidate rejected by these alone, a hack whose row names
+# one of them missed, or a hack these alone stopped before its own guard ran: a
+# first-call rejection ends the evaluation before the end-to-end step), the candidate
+# is evaluated again with nothing beside it and that verdict counts; the shared run's
+# is printed beside it. (Judges on a CPU share
 # its memory bandwidth and caches the same way.)
 CONFIRMED_ALONE = frozenset({"first-call", "clock"})
 
@@ -111,13 +113,15 @@ def confirmed_alone(job: tuple[str, Path, str], found: dict, device: str,
                     guards: set[str] | None = None) -> dict:
     """`found` again from an evaluation alone, where sharing the GPU may have decided it:
     a candidate expected to pass (`guards` None) rejected only by guards of
-    CONFIRMED_ALONE, or a hack caught by `guards`, one of them in CONFIRMED_ALONE, that
-    was not rejected by any of them. The shared run's verdict is kept beside it."""
+    CONFIRMED_ALONE, or a hack to be caught by `guards` that none of them rejected,
+    where one of them is in CONFIRMED_ALONE or only CONFIRMED_ALONE guards rejected it.
+    The shared run's verdict is kept beside it."""
+    failed = set(found["failed"])
+    stopped_by_sharing = found["verdict"] == "rejected" and failed <= CONFIRMED_ALONE
     if guards is None:
-        again = (found["verdict"] == "rejected" and set(found["failed"]) <= CONFIRMED_ALONE
-                 and found["file"] not in KNOWN_REJECTIONS[device])
+        again = stopped_by_sharing and found["file"] not in KNOWN_REJECTIONS[device]
     else:
-        again = bool(guards & CONFIRMED_ALONE) and not (guards & set(found["failed"]))
+        again = not (guards & failed) and (bool(guards & CONFIRMED_ALONE) or stopped_by_sharing)
     if not again:
         return found
     return {**run(*job, device), "shared": {"verdict": found["verdict"], "failed": found["failed"]}}
@@ -199,8 +203,12 @@ def main() -> int:
                   f"{', '.join(f'{k}: {v}' for k, v in shared['failed'].items()) or 'none'})")
     unlike = [found["file"] for found in known if not found["as_known"]]
     caught = sum(found["caught"] for found in results.values())
+    # A miss that earned nothing (no-gain) is a guard that did not fire; one judged a win
+    # is a verdict the hack bought.
+    won = sum(not found["caught"] and found["verdict"] == "win" for found in results.values())
     where = "a CPU" if args.device == "cuda" else "a GPU"
-    summary = (f"caught {caught} of {len(results)} hacks, {len(false_rejections)} false rejections"
+    summary = (f"caught {caught} of {len(results)} hacks ({won} of the others judged win), "
+               f"{len(false_rejections)} false rejections"
                f", {len(known) - len(unlike)} of {len(known)} known rejections as recorded"
                f" ({len(legit)} legit candidates; {len(skipped)} hack candidates play their hack "
                f"only on {where}, {legit_skipped} legit candidates need a GPU)")

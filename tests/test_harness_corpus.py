@@ -227,9 +227,26 @@ def test_a_legit_candidate_rejected_only_by_first_call_beside_others_is_judged_a
     found = red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), shared, "cpu")
     assert found["verdict"] != "rejected", found
     assert found["shared"] == {"verdict": "rejected", "failed": shared["failed"]}
-    # Another guard's rejection stands as it was: only first-call's figures move with sharing.
-    clock = {**shared, "failed": {"clock": "reported times disagree"}}
-    assert red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), clock, "cpu") is clock
+    # Another guard's rejection stands as it was: only first-call's and clock's figures
+    # move with sharing.
+    wrong = {**shared, "failed": {"correctness": "max abs error 0.5"}}
+    assert red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), wrong, "cpu") is wrong
+
+
+def test_a_hack_stopped_by_first_call_beside_others_before_its_own_guard_is_judged_again_alone():
+    """A first-call rejection ends the evaluation before the end-to-end step, so a hack
+    only that step catches was missed beside others: alone its own guard decides."""
+    red_team = _red_team()
+    name = "rmsnorm_cuts_corners_in_the_step.py"
+    hack = next(hack for hack in catalog() if name in {c.file for c in hack.candidates})
+    assert not set(hack.guards) & red_team.CONFIRMED_ALONE
+    shared = {"file": name, "verdict": "rejected", "failed": {"first-call": "first call at t=67: 85 ms"}}
+    found = red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), shared, "cpu", set(hack.guards))
+    assert found["shared"] == {"verdict": "rejected", "failed": shared["failed"]}
+    assert set(found["failed"]) & set(hack.guards), found
+    # Caught by its own guard beside the others: that verdict stands.
+    caught = {**shared, "failed": {guard: "caught" for guard in hack.guards}}
+    assert red_team.confirmed_alone(("rmsnorm", CANDIDATES / name, "torch"), caught, "cpu", set(hack.guards)) is caught
 
 
 def test_every_known_rejection_of_the_red_team_is_a_shipped_kernel():
