@@ -42,9 +42,14 @@ from runners.ops import Op, Workload, get_op
 
 # The CPU step is there so CI runs the code path, not to measure much: a small budget.
 CPU_BUDGET_S = 0.25
-# How far (relative L2) the step's output with the candidate dispatched may lie from the
-# kept kernel's: a kernel's rounding, and a top-k that breaks a near-tie otherwise, move
-# it far less; a norm skipped or a selection made from a fraction of the keys, far more.
+# How far (relative L2) a sequence's output of the step with the candidate dispatched
+# may lie from the kept kernel's, and the check fails when more than half the batch's
+# sequences lie further. A kernel's rounding moves a sequence far less; a top-k that
+# breaks a near-tie otherwise moves only that sequence (they are independent through
+# the step), sometimes far: an honest indexer on the CPU shape (160 sequences, 40
+# seeds) lay 0.8% away at the median, 2.9% at the 95th percentile and 34.5% at worst,
+# never more than one of a batch of 4 beyond 5%. A norm skipped inside the step moved
+# every sequence 11-59% (docs/benchmarks.md, "The step's output, sequence by sequence").
 STEP_OUTPUT_DIFFERENCE = 0.05
 HEADLINE = "geometric mean over points"
 
@@ -106,7 +111,7 @@ def check(
             if failure.role == CANDIDATE:
                 return None, Guard(failure.guard, "fail", failure.detail)
             return None, Guard("e2e", "warn", f"the end-to-end check could not run: {failure.detail}")
-        differences[point], problem = _output_difference(outputs, point)
+        differences[point], problem = step_output_difference(outputs, point)
         if problem is not None:
             return None, problem
         measured.append((point, times))
@@ -125,10 +130,11 @@ def _output_bound(point: Point, device: str) -> int:
     return 2 * point.batch * SHAPES[device].hidden * 8
 
 
-def _output_difference(outputs: Mapping[str, Any], point: Point) -> tuple[float | None, Guard | None]:
+def step_output_difference(outputs: Mapping[str, Any], point: Point) -> tuple[float | None, Guard | None]:
     """How far the step's output with the candidate dispatched lies from the kept
-    kernel's (relative L2, the same weights and caches on every side), and the guard
-    that fails when it is further than an honest kernel's rounding can take it: a
+    kernel's (the median over its sequences of their relative L2 distances, the same
+    weights and caches on every side), and the guard that fails when most sequences lie
+    further than an honest kernel's rounding can take them: a
     kernel that computes less only inside the step (where no forward call of its is
     read) moves the end-to-end figure, not the kernel's verdict."""
     baseline, control, candidate = outputs[BASELINE], outputs[CONTROL], outputs[CANDIDATE]
@@ -138,27 +144,38 @@ def _output_difference(outputs: Mapping[str, Any], point: Point) -> tuple[float 
     if candidate is None:
         return None, Guard("e2e", "fail", f"the output of {where} with the candidate dispatched "
                                           "could not be read where its reply said it was")
-    if _relative_difference(control, baseline) > STEP_OUTPUT_DIFFERENCE:
+    if _beyond(_sequence_differences(control, baseline)):
         return None, None  # the kept kernel's own step differs from itself: not comparable
-    difference = _relative_difference(candidate, baseline)
-    if difference > STEP_OUTPUT_DIFFERENCE:
-        shown = "of another shape or dtype" if math.isinf(difference) else (
-            f"{100 * difference:.3g}% away from the kept kernel's (relative L2; an honest "
-            f"kernel's rounding stays within {100 * STEP_OUTPUT_DIFFERENCE:g}%)")
-        return difference, Guard("e2e", "fail", (
+    differences = _sequence_differences(candidate, baseline)
+    median = float(np.median(differences))
+    if _beyond(differences):
+        far = sum(d > STEP_OUTPUT_DIFFERENCE for d in differences)
+        shown = "of another shape or dtype" if math.isinf(median) else (
+            f"away from the kept kernel's in {far} of its {len(differences)} sequences "
+            f"(median {100 * median:.3g}%, relative L2; an honest kernel's rounding keeps "
+            f"most within {100 * STEP_OUTPUT_DIFFERENCE:g}%)")
+        return median, Guard("e2e", "fail", (
             f"the output of {where} with the candidate dispatched is {shown}: inside the step "
             "it computes something else than the forward calls that were checked"))
-    return difference, None
+    return median, None
 
 
-def _relative_difference(found: torch.Tensor, expected: torch.Tensor) -> float:
+def _beyond(differences: list[float]) -> bool:
+    """More than half the sequences lie further than STEP_OUTPUT_DIFFERENCE."""
+    return 2 * sum(d > STEP_OUTPUT_DIFFERENCE for d in differences) > len(differences)
+
+
+def _sequence_differences(found: torch.Tensor, expected: torch.Tensor) -> list[float]:
+    """Each sequence's (row's) relative L2 distance; infinite for every one where the
+    outputs are of other shapes or dtypes, or the found one is not finite."""
+    rows = expected.shape[0] if expected.dim() > 1 else 1
     if found.shape != expected.shape or found.dtype != expected.dtype:
-        return math.inf
-    found, expected = found.double(), expected.double()
+        return [math.inf] * rows
+    found, expected = found.double().reshape(rows, -1), expected.double().reshape(rows, -1)
     if not bool(torch.isfinite(found).all()):
-        return math.inf
-    scale = float(expected.norm()) or 1.0
-    return float((found - expected).norm()) / scale
+        return [math.inf] * rows
+    norms = expected.norm(dim=1)
+    return ((found - expected).norm(dim=1) / torch.where(norms > 0, norms, 1.0)).tolist()
 
 
 def _call_failed(failure: CallFailed, point: Point) -> Guard:
