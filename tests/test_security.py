@@ -298,6 +298,34 @@ def test_the_first_login_password_is_printed_once_and_its_note_goes_when_it_is_c
 
 
 @pytest.mark.django_db
+def test_the_first_login_note_never_follows_a_link_planted_at_its_name(settings, tmp_path):
+    """Whoever can write DATA_DIR could plant first-login.txt as a link to a file they
+    read: the password would be written there (and that file made the owner's only)."""
+    settings.DATA_DIR = tmp_path / "data"
+    settings.DATA_DIR.mkdir()
+    bait = tmp_path / "readable-by-others.txt"
+    bait.write_text("nothing yet\n")
+    bait.chmod(0o644)
+    (settings.DATA_DIR / "first-login.txt").symlink_to(bait)
+    printed = StringIO()
+    call_command("first_login", stdout=printed)
+    note = settings.DATA_DIR / "first-login.txt"
+    assert not note.is_symlink() and note.stat().st_mode & 0o777 == 0o600
+    password = note.read_text().split("password: ")[1].strip()
+    assert f"password: {password}" in printed.getvalue()
+    assert bait.read_text() == "nothing yet\n" and bait.stat().st_mode & 0o777 == 0o644
+
+    # A link planted later, to a file that looks like the note, is removed, not read.
+    note.unlink()
+    bait.write_text(f"username: admin\npassword: {password}\n")
+    note.symlink_to(bait)
+    again = StringIO()
+    call_command("first_login", stdout=again)
+    assert again.getvalue() == "" and not note.is_symlink() and not note.exists()
+    assert bait.exists()
+
+
+@pytest.mark.django_db
 def test_api_tokens_and_webhook_secrets_never_reach_the_logs(caplog, logged_in_client, user):
     caplog.set_level(logging.DEBUG)
     _, token = api_token_create(user=user, name="h200-box")

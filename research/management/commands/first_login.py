@@ -7,7 +7,10 @@ and remove the file once the password has been changed.
 
 from __future__ import annotations
 
+import os
 import secrets
+import stat
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -25,17 +28,44 @@ class Command(BaseCommand):
         if not User.objects.exists():
             password = secrets.token_urlsafe(12)
             User.objects.create_superuser(USERNAME, "", password)
-            note.parent.mkdir(parents=True, exist_ok=True)
-            note.touch(mode=0o600)
-            note.chmod(0o600)
-            note.write_text(f"username: {USERNAME}\npassword: {password}\n")
-            self.stdout.write("First login (change it under /admin/):\n" + note.read_text())
+            text = f"username: {USERNAME}\npassword: {password}\n"
+            _write_secret(note, text)
+            self.stdout.write("First login (change it under /admin/):\n" + text)
             return
-        if not note.exists():
+        text = _read_own_file(note)
+        if text is None:
             return
-        password = dict(line.split(": ", 1) for line in note.read_text().splitlines() if ": " in line).get("password")
+        password = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line).get("password")
         admin = User.objects.filter(username=USERNAME).first()
         if admin is None or password is None or not admin.check_password(password):
             note.unlink()  # changed since: the note would only mislead, and it is a secret
             return
         self.stdout.write(f"First login: {USERNAME}, its password is in {note} (change it under /admin/).\n")
+
+
+def _write_secret(note: Path, text: str) -> None:
+    """A new file of its owner's only. Whatever stood at its name is removed first and
+    the name is never followed: a link planted there would otherwise carry the password
+    to the file it names (and make that file its owner's only)."""
+    note.parent.mkdir(parents=True, exist_ok=True)
+    note.unlink(missing_ok=True)  # a link itself, never its target
+    descriptor = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _read_own_file(note: Path) -> str | None:
+    """The note's text, or None when there is none; a link or anything but a regular
+    file at its name is removed, not read."""
+    try:
+        descriptor = os.open(note, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:  # ELOOP: a link
+        note.unlink(missing_ok=True)
+        return None
+    with os.fdopen(descriptor, encoding="utf-8", errors="replace") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            note.unlink(missing_ok=True)
+            return None
+        return handle.read(4096)
