@@ -24,6 +24,7 @@ ACTION_NAMES = {
     "sweep-start": "sweeps started",
     "candidate-decide": "keep or revert decisions",
     "api-post": "API writes",
+    "api-token-create": "API tokens made",
 }
 
 

@@ -165,6 +165,7 @@ RATE_LIMITS = {
     # Each verification is a worker's evaluation.
     "candidate-verify": env_str("RATE_LIMIT_CANDIDATE_VERIFY", "20/h"),
     "api-post": env_str("RATE_LIMIT_API_POST", "120/h"),
+    "api-token-create": env_str("RATE_LIMIT_API_TOKEN_CREATE", "20/h"),
 }
 
 CHANNEL_LAYERS = {

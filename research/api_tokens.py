@@ -58,6 +58,27 @@ def api_token_authenticate(token: str) -> ApiToken | None:
     return row
 
 
+def may_create_host_token(user) -> bool:
+    """A GPU host's token imports results: on the tokens page only those who may import
+    themselves may make one (`manage.py create_api_token --host`, run on the server, makes
+    one for anybody)."""
+    return user.has_perm("research.import_results")
+
+
+def api_token_create_on_page(*, user, name: str, host: str = "") -> tuple[ApiToken, str]:
+    """api_token_create for the signed-in `user`, who may name a host only where
+    may_create_host_token says so."""
+    host = host.strip()
+    if host and not may_create_host_token(user):
+        raise ValidationError({"host": "a GPU host's token imports results: you need the permission "
+                                       "to import results to make one"})
+    return api_token_create(user=user, name=name, host=host)
+
+
+def api_tokens_of(user) -> list[ApiToken]:
+    return list(ApiToken.objects.filter(user=user))
+
+
 def api_token_revoke(*, token: ApiToken, revoked_by) -> None:
     if token.user_id != revoked_by.pk:
         raise PermissionDenied("only its owner may revoke a token")

@@ -73,6 +73,13 @@ class ThesisForm(forms.Form):
         return [line.strip() for line in self.cleaned_data["allowed_paths"].splitlines() if line.strip()]
 
 
+class ApiTokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What will use it: a script, a laptop, a GPU host.")
+    host = forms.CharField(required=False, max_length=100, label="GPU host",
+                           help_text="Only for a GPU host's token: it can import results and nothing "
+                                     "else, and every result it imports names this host.")
+
+
 class SweepForm(forms.Form):
     kernel = forms.ChoiceField()
     strategy = forms.ChoiceField(

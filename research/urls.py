@@ -17,4 +17,6 @@ urlpatterns = [
     path("sweeps/<int:sweep_id>/events.json", views.sweep_events, name="sweep_events"),
     path("sweeps/<int:sweep_id>/chart.json", views.sweep_chart, name="sweep_chart"),
     path("skills/<path:pack>", views.skill_pack, name="skill_pack"),
+    path("tokens/", views.api_token_list, name="api_token_list"),
+    path("tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
 ]

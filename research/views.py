@@ -11,10 +11,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from config.ratelimit import rate_limited
-from research import agent_context, charts, selectors, services, sweep_control, workers
-from research.forms import SweepForm, ThesisForm
+from research import agent_context, api_tokens, charts, selectors, services, sweep_control, workers
+from research.forms import ApiTokenForm, SweepForm, ThesisForm
 from research.markdown import render_markdown
-from research.models import Candidate, Sweep
+from research.models import ApiToken, Candidate, Sweep
 from reviews import charts as review_charts
 from reviews import selectors as review_selectors
 
@@ -212,3 +212,40 @@ def _int_param(request: HttpRequest, name: str) -> int:
     if not value.isdigit() or len(value) > 18:
         raise BadRequest(f"{name} must be a whole number, not {value[:20]!r}")
     return int(value)
+
+
+NEW_TOKEN = "research.new-api-token"
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@rate_limited("api-token-create")
+def api_token_list(request: HttpRequest) -> HttpResponse:
+    """The signed-in user's API tokens, and a form for a new one: shown once, on the
+    page after it is made (through the session, never in a URL)."""
+    form = ApiTokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            _, token = api_tokens.api_token_create_on_page(user=request.user, **form.cleaned_data)
+        except ValidationError as error:
+            _add_errors(form, error)
+        else:
+            request.session[NEW_TOKEN] = token
+            return redirect("api_token_list")
+    return render(request, "research/api_tokens.html", {
+        "form": form,
+        "tokens": api_tokens.api_tokens_of(request.user),
+        "may_create_host_token": api_tokens.may_create_host_token(request.user),
+        "new_token": request.session.pop(NEW_TOKEN, None) if request.method == "GET" else None,
+    }, status=422 if form.errors else 200)
+
+
+@login_required
+@require_POST
+def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    if token is None:
+        raise Http404("no such token of yours")
+    api_tokens.api_token_revoke(token=token, revoked_by=request.user)
+    messages.success(request, f"Token {token} revoked: it no longer opens the API.")
+    return redirect("api_token_list")

@@ -1,0 +1,93 @@
+"""API tokens from the web: made on a page and shown once, revoked by their owner only,
+seen and revoked (never made or deleted) in the admin."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+
+from research.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+
+def _api_status(token: str) -> int:
+    return Client().get("/api/theses/999999", HTTP_AUTHORIZATION=f"Bearer {token}").status_code
+
+
+def _make(client: Client, **fields) -> tuple[int, str]:
+    made = client.post(reverse("api_token_list"), fields)
+    if made.status_code != 302:
+        return made.status_code, made.content.decode()
+    return 302, client.get(reverse("api_token_list")).content.decode()
+
+
+def _shown_token(page: str) -> str:
+    return page.split('<code id="token-value">')[1].split("</code>")[0]
+
+
+def test_a_token_made_on_the_page_is_shown_once_opens_the_api_and_stops_when_revoked(logged_in_client, user):
+    status, page = _make(logged_in_client, name="my laptop")
+    token = _shown_token(page)
+    assert status == 302 and token.startswith("kl_")
+    assert _api_status(token) == 404  # authenticated: the thesis just does not exist
+    again = logged_in_client.get(reverse("api_token_list")).content.decode()
+    assert token not in again and "my laptop" in again and token[:11] in again
+
+    row = ApiToken.objects.get(user=user)
+    assert row.host == "" and token not in {row.key_hash, row.prefix}
+    assert logged_in_client.post(reverse("api_token_revoke", args=[row.pk])).status_code == 302
+    assert _api_status(token) == 401
+    assert "revoked" in logged_in_client.get(reverse("api_token_list")).content.decode()
+
+
+def test_nobody_else_sees_or_revokes_a_token(logged_in_client, user):
+    _, page = _make(logged_in_client, name="ci box")
+    token = _shown_token(page)
+    other = Client()
+    other.force_login(get_user_model().objects.create_user("mallory", password="x"))
+    assert "ci box" not in other.get(reverse("api_token_list")).content.decode()
+    row = ApiToken.objects.get(user=user)
+    assert other.post(reverse("api_token_revoke", args=[row.pk])).status_code == 404
+    assert other.get(reverse("api_token_revoke", args=[row.pk])).status_code == 405
+    assert _api_status(token) == 404 and ApiToken.objects.get(pk=row.pk).revoked_at is None
+
+
+def test_a_gpu_hosts_token_takes_the_permission_to_import(logged_in_client, user):
+    status, page = _make(logged_in_client, name="h200", host="h200-box-1")
+    assert status == 422 and "permission to import results" in page
+    assert not ApiToken.objects.exists()
+
+    user.user_permissions.add(Permission.objects.get(codename="import_results"))
+    status, page = _make(logged_in_client, name="h200", host="h200-box-1")
+    assert status == 302 and ApiToken.objects.get(user=user).host == "h200-box-1"
+    assert "GPU host <code>h200-box-1</code>" in page
+    status, page = _make(logged_in_client, name="bad", host="<b>x</b>")
+    assert status == 422 and ApiToken.objects.count() == 1
+
+
+def test_bad_input_gets_a_clear_error_and_nothing_is_made(logged_in_client):
+    for fields, said in [({"name": ""}, "This field is required."), ({"name": "x" * 101}, "at most 100")]:
+        status, page = _make(logged_in_client, **fields)
+        assert status == 422 and said in page.replace("Ensure this value has at most 100", "at most 100")
+    assert not ApiToken.objects.exists()
+
+
+def test_the_admin_lists_and_revokes_tokens_but_never_makes_deletes_or_shows_their_hash(user):
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("root", "", "x"))
+    mine = Client()
+    mine.force_login(user)
+    token = _shown_token(_make(mine, name="laptop")[1])
+    row = ApiToken.objects.get()
+    listing = admin.get("/admin/research/apitoken/")
+    assert listing.status_code == 200 and "laptop" in listing.content.decode()
+    detail = admin.get(f"/admin/research/apitoken/{row.pk}/change/").content.decode()
+    assert row.key_hash not in detail and token not in detail
+    assert admin.get("/admin/research/apitoken/add/").status_code == 403
+    assert admin.get(f"/admin/research/apitoken/{row.pk}/delete/").status_code == 403
+    admin.post("/admin/research/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
+    assert ApiToken.objects.get(pk=row.pk).revoked_at is not None and _api_status(token) == 401
