@@ -86,6 +86,11 @@ AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contri
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = 0.25  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# How many reverse proxies in front of the app append to X-Forwarded-For (0: served
+# directly). Behind a TLS proxy every login comes from the proxy's address; with this
+# set, the address the outermost proxy saw is counted (config/client_address.py).
+TRUSTED_PROXIES = env_int("TRUSTED_PROXIES", 0)
+AXES_CLIENT_IP_CALLABLE = "config.client_address.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False  # no banner on stdout, where commands write their JSON
 AXES_HTTP_RESPONSE_CODE = 429

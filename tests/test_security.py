@@ -155,6 +155,33 @@ def test_a_right_password_before_the_limit_clears_the_count():
         assert client.post("/login/", {"username": "forgetful", "password": "wrong"}).status_code == 200
 
 
+@pytest.mark.django_db
+def test_behind_a_trusted_proxy_the_address_it_saw_is_counted_and_what_the_client_adds_is_not(settings):
+    """Behind a TLS proxy every login comes from the proxy: counted by that address, five
+    wrong passwords from anywhere would lock the username out everywhere."""
+    get_user_model().objects.create_user("target", password="the-right-password")
+    through_proxy = {"REMOTE_ADDR": "127.0.0.1"}
+
+    def login(forwarded: str, password: str = "wrong") -> int:
+        return Client().post("/login/", {"username": "target", "password": password},
+                             HTTP_X_FORWARDED_FOR=forwarded, **through_proxy).status_code
+
+    settings.TRUSTED_PROXIES = 1
+    # The attacker names other addresses in front of its own: the proxy appends the one it saw.
+    for spoofed in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert login(f"198.51.100.{spoofed}, 203.0.113.5") == 200
+    assert login("198.51.100.99, 203.0.113.5") == 429
+    assert login("203.0.113.5", "the-right-password") == 429
+    # The colleague behind the same proxy, from another address, still logs in.
+    assert login("203.0.113.9", "the-right-password") == 302
+
+    # Served directly, the header is the client's own words: it is ignored.
+    settings.TRUSTED_PROXIES = 0
+    for fresh in range(settings.AXES_FAILURE_LIMIT):
+        login(f"192.0.2.{fresh}")  # every one from the peer 127.0.0.1, whatever it claims
+    assert login("192.0.2.200", "the-right-password") == 429
+
+
 def test_rates_read_as_count_per_period():
     assert parse_rate("20/h") == (20, 3600)
     assert parse_rate("100/10m") == (100, 600)
