@@ -6,8 +6,12 @@ Twisted reads a whole request body (to memory, or a temporary file past 100 KB) 
 Daphne runs the app, and Daphne then queues every chunk of it in memory at once: the
 ASGI cap (config.request_limits) answers 413 only after that, so a 300 MB POST still
 grew the server by 300 MB, logged in or not. Here a body that declares more than
-REQUEST_MAX_BYTES, or grows past it, is dropped as it arrives and answered 413 once the
-client has sent it; nothing of it is kept in memory or on disk.
+REQUEST_MAX_BYTES, or grows past it, is answered 413 at once and dropped as it arrives;
+nothing of it is kept in memory or on disk. The connection closes when the body ends or
+LINGER_S after the answer, whichever is first: a client that declared 10^15 bytes
+streamed 4.3 GB in 5 s into a server that read on until it stopped. (The linger lets an
+honest client that is still sending read the 413 rather than a reset, as nginx's
+lingering close does.)
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import io
 
 from daphne import http_protocol
 from daphne.cli import CommandLineInterface
+from twisted.internet import reactor
+
+LINGER_S = 5.0
 
 
 def _limit() -> int:
@@ -36,25 +43,34 @@ class CappedWebRequest(http_protocol.WebRequest):
         self._parsePOSTFormSubmission = False
 
     def gotLength(self, length: int | None) -> None:
-        self.body_refused = length is not None and length > _limit()
-        if self.body_refused:
+        if length is not None and length > _limit():
             self.content = io.BytesIO()  # stays empty: nothing of the body is kept
+            self._refuse()
         else:
             super().gotLength(length)
 
     def handleContentChunk(self, data: bytes) -> None:
         self.body_bytes += len(data)
         if not self.body_refused and self.body_bytes > _limit():
-            self.body_refused = True  # a body of no declared length that grew too long
-            self.content.close()
+            self.content.close()  # a body of no declared length that grew too long
             self.content = io.BytesIO()
+            self._refuse()
         if not self.body_refused:
             super().handleContentChunk(data)
 
+    def _refuse(self) -> None:
+        """Answers 413 now, before the rest of the body, and closes the connection
+        LINGER_S later at the latest."""
+        self.body_refused = True
+        text = f"The request body is over {_limit():,} bytes, the most this server reads.\n".encode()
+        transport = self.channel.transport
+        transport.write(b"HTTP/1.1 413 Content Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                        b"content-length: " + str(len(text)).encode() + b"\r\nconnection: close\r\n\r\n" + text)
+        reactor.callLater(LINGER_S, transport.loseConnection)
+
     def process(self):
-        if self.body_refused:
-            self.basic_error(413, b"Content Too Large",
-                             f"The request body is over {_limit():,} bytes, the most this server reads.")
+        if self.body_refused:  # answered already; the whole body came within the linger
+            self.channel.transport.loseConnection()
             return None
         return super().process()
 

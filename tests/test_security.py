@@ -403,6 +403,67 @@ async def _reads_the_whole_body(scope, receive, send):
     await send({"type": "http.response.body", "body": str(size).encode()})
 
 
+def test_the_server_answers_a_body_declared_too_large_at_once_and_stops_reading_it(tmp_path):
+    """Daphne under config.serve: a client that declares 10^15 bytes and keeps sending
+    once streamed 4.3 GB in 5 s into a server that read on until it stopped."""
+    import socket
+    import time
+
+    from django.conf import settings
+    from config.serve import LINGER_S
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp_path / "daphne.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "config.serve", "-b", "127.0.0.1", "-p", str(port),
+                               "config.asgi:application"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "daphne.log").read_text()
+            time.sleep(0.1)
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /api/theses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000000000000\r\n\r\n")
+        sock.setblocking(False)
+        sent, answer, closed_after = 0, b"", None
+        started = time.monotonic()
+        while time.monotonic() - started < LINGER_S + 30:
+            try:
+                sent += sock.send(b"\0" * 65536)
+            except BlockingIOError:
+                time.sleep(0.001)
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = time.monotonic() - started
+                break
+            try:
+                got = sock.recv(4096)
+            except BlockingIOError:
+                continue
+            except ConnectionResetError:
+                closed_after = time.monotonic() - started
+                break
+            if not got:
+                closed_after = time.monotonic() - started
+                break
+            if not answer:
+                answered_at = sent
+            answer += got
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:100]
+        # Answered before the client had sent even the cap (nothing to wait for), and cut
+        # off at the end of the linger instead of reading on.
+        assert answered_at < settings.REQUEST_MAX_BYTES
+        assert closed_after is not None and closed_after < LINGER_S + 30
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
 def test_a_request_body_over_the_cap_is_refused_before_the_app_reads_it():
     from config.request_limits import RequestBodyLimit
 
