@@ -38,16 +38,26 @@ def _decided_now() -> Exists:
     return Exists(Review.objects.filter(candidate=OuterRef("pk"), revision=OuterRef("revision")))
 
 
+def _speed_not_decided_here() -> Q:
+    """CPU wins of ops served on GPUs: a CPU run decides only that such a kernel is right
+    (reviews.services.speed_not_decided_here), so they wait for no keep."""
+    cpu_classes = [key for key, hw in HARDWARE.items() if hw.device == "cpu"]
+    gpu_served = [name for name in ops.list_ops() if not ops.get_op(name).cpu_served]
+    return Q(sweep__hardware__in=cpu_classes, sweep__thesis__op__in=gpu_served)
+
+
 def review_queue(*, op: str = "", hardware: str = "", author: int | None = None,
                  thesis: int | None = None, reviewable_by=None) -> QuerySet[Candidate]:
-    """Wins not yet decided for their current revision, oldest result first; with
-    `reviewable_by`, only those that person may decide (neither filed nor produced)."""
+    """Wins not yet decided for their current revision that can be kept, oldest result
+    first; with `reviewable_by`, only those that person may decide (neither filed nor
+    produced)."""
     finished_runs = Candidate.objects.filter(VERIFICATION_RUNS, sweep__verifies=OuterRef("pk"),
                                              status=Candidate.Status.DONE)
     queue = (
         Candidate.objects.filter(verdict="win", status=Candidate.Status.DONE)
         .exclude(_decided_now())
         .exclude(VERIFICATION_RUNS)
+        .exclude(_speed_not_decided_here())
         # An imported win a worker found a win too, and none found otherwise (the badge;
         # reviews.verification decides, with the details).
         .annotate(verified_here=Exists(finished_runs.filter(verdict="win"))

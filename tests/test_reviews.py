@@ -227,6 +227,8 @@ def test_a_cpu_win_of_an_op_served_on_gpus_decides_correctness_only(client, peop
         services.candidate_keep(candidate=win, reviewer=people.reviewer, commit=win.commit)
     assert refused.value.code == "cpu-decides-correctness"
     assert not Review.objects.exists() and workspace.main_head() == main
+    # Nothing waits on a keep it cannot have: not in the queue, not in its count.
+    assert win not in selectors.review_queue() and selectors.review_queue_count() == 0
 
     client.force_login(people.reviewer)
     page = client.get(reverse("candidate_review", args=[win.pk])).content.decode()
@@ -243,7 +245,8 @@ def test_a_cpu_win_of_an_op_served_on_gpus_decides_correctness_only(client, peop
 def test_the_queue_holds_undecided_wins_oldest_first_and_filters_them(people, workspace_dir, no_enqueue):
     first_thesis = make_thesis(people.author)
     other_author = make_reviewer("hedy")
-    second_thesis = make_thesis(other_author, title="Indexer chunks", op="dsa_indexer_topk",
+    # On its GPU class: a CPU win of the indexer decides only correctness and waits for no keep.
+    second_thesis = make_thesis(other_author, title="Indexer chunks", op="dsa_indexer_topk", hardware="h200",
                                 context_lengths=[4096], batch_sizes=[1])
     older = record(start_sweep(first_thesis, people.producer, budget=1).candidates.get(), recorded_result())
     losing = start_sweep(first_thesis, people.producer, budget=1).candidates.get()
