@@ -287,6 +287,12 @@ def candidate_workload_rows(candidate: Candidate) -> tuple[str | None, list[Work
 _GUARD_ORDER = {"fail": 0, "warn": 1, "pass": 2}
 
 
+def candidate_warnings(guards: list) -> list:
+    """What the summary at the top of the review page names: every guard that did not
+    pass, the "needs scrutiny" flag first (candidate_guards' order)."""
+    return [guard for guard in guards if guard.status != GuardFinding.Status.PASS]
+
+
 def candidate_guards(candidate: Candidate) -> list:
     """A "needs scrutiny" flag first, then failures, warnings and passes; in the
     harness's order within each."""
@@ -307,6 +313,13 @@ class EndToEnd:
         if self.baseline_ms and self.candidate_ms:
             return self.baseline_ms / self.candidate_ms
         return None
+
+    @property
+    def direction(self) -> str | None:
+        """"faster" or "slower" per decode step (a bare "+70.53 %" read as a gain)."""
+        if self.delta_pct is None or self.delta_pct == 0:
+            return None
+        return "slower" if self.delta_pct > 0 else "faster"
 
 
 def end_to_end(result: dict | None) -> EndToEnd | None:

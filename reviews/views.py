@@ -165,6 +165,11 @@ def _decision_context(request: HttpRequest, candidate: Candidate, form: Decision
     }
 
 
+# Diff lines shown unfolded; an 823-line kernel made the page 18,821 px tall before its
+# curves, guards and decision.
+DIFF_OPEN_LINES = 150
+
+
 def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionForm | None = None) -> dict:
     sweep, thesis = candidate.sweep, candidate.sweep.thesis
     context = _decision_context(request, candidate, form)
@@ -179,6 +184,8 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
     kept = selectors.latest_kept(thesis.op, sweep.hardware, other_than=candidate)
     machines = provenance.machine_rows((candidate.result or {}).get("machine"),
                                        (kept.result or {}).get("machine") if kept else None)
+    guards = selectors.candidate_guards(candidate)
+    diffs = selectors.candidate_diffs(candidate)
     return {
         **context,
         "provenance": provenance.describe(candidate),
@@ -187,11 +194,14 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
         "machine_differs": [row.label for row in machines if row.differs],
         "sweep": sweep,
         "thesis": thesis,
-        "diffs": selectors.candidate_diffs(candidate),
+        "diffs": diffs,
+        # A long change is folded: the summary, curves and guards stay within reach.
+        "diff_open": sum(len(f.lines) for f in diffs.against_kept or []) <= DIFF_OPEN_LINES,
         "rows": rows,
         "latency_figure": charts.latency_figure(rows, axis) if rows else None,
         "speedup_figure": charts.speedup_figure(rows, axis, shaded) if rows else None,
-        "guards": selectors.candidate_guards(candidate),
+        "guards": guards,
+        "warnings": selectors.candidate_warnings(guards),
         "e2e": selectors.end_to_end(candidate.result),
         "any_roofline": any(r.roofline_fraction is not None for r in rows),
         "idea_html": render_markdown(thesis.idea),

@@ -77,6 +77,12 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
 
             page.click(f"#queue-{candidate_id} a[href='/candidates/{candidate_id}/']")
             expect(page.locator("h1")).to_contain_text("rmsnorm")
+            # What decides comes first, in the first screen: verdict, warnings, dispatch, provenance.
+            glance = page.locator("#at-a-glance")
+            expect(glance).to_be_in_viewport()
+            expect(page.locator("#glance-warnings")).to_contain_text("cache-state")
+            expect(page.locator("#glance-dispatch")).to_contain_text("64")
+            assert glance.bounding_box()["y"] < page.locator("#diff").bounding_box()["y"]
             diff = page.locator("table.diff").first
             expect(diff).to_have_attribute("data-path", "kernels/rmsnorm/cpu/kept.py")
             expect(diff.locator("tr.add").first).to_be_visible()

@@ -373,8 +373,44 @@ def test_a_win_that_needs_scrutiny_shows_that_flag_before_everything_else(
     result["guards"].append({"name": "e2e", "status": "fail", "detail": "slower end to end"})
     candidate = record(sweep.candidates.get(), result)
     client.force_login(people.reviewer)
-    guards = client.get(candidate.get_absolute_url()).content.decode().split('id="guards"')[1]
+    html = client.get(candidate.get_absolute_url()).content.decode()
+    guards = html.split('id="guards"')[1]
     assert guards.index("needs scrutiny") < guards.index("slower end to end") < guards.index("cache-state")
+    # And the page opens with them, before the machine table, the change and the curves.
+    glance = html.split('id="at-a-glance"')[1].split("</section>")[0]
+    warnings = glance.split('id="glance-warnings"')[1]
+    assert warnings.index("needs scrutiny") < warnings.index("slower end to end") < warnings.index("cache-state")
+    assert "matched the reference" not in glance  # a guard that passed is no warning
+    assert html.index('id="at-a-glance"') < html.index('id="provenance"') < html.index('id="diff"')
+    assert html.index('id="at-a-glance"') < html.index('id="latency-chart"')
+
+
+def test_the_summary_says_which_way_the_decode_step_moved(client, people, workspace_dir, no_enqueue):
+    """"70.53 %" alone read as a gain: it was a slowdown."""
+    client.force_login(people.reviewer)
+    for e2e, said in [({"baseline_ms": 10.0, "candidate_ms": 17.053, "delta_pct": 70.53},
+                       ("slower", "+70.53 % time")),
+                      ({"baseline_ms": 12.0, "candidate_ms": 11.4, "delta_pct": -5.0}, ("faster", "-5.00 % time")),
+                      (None, ("not measured",))]:
+        sweep = start_sweep(make_thesis(people.author), people.producer, budget=1)
+        candidate = record(sweep.candidates.get(), recorded_result(**({"e2e": e2e} if e2e else {})))
+        html = client.get(candidate.get_absolute_url()).content.decode()
+        line = html.split('id="glance-e2e"')[1].split("</dd>")[0]
+        assert all(part in line for part in said), line
+
+
+def test_a_long_change_is_folded_below_the_summary(client, people, workspace_dir, no_enqueue, monkeypatch):
+    from reviews import views
+
+    sweep = start_sweep(make_thesis(people.author), people.producer, budget=1)
+    candidate = record(sweep.candidates.get(), recorded_result())
+    client.force_login(people.reviewer)
+    shown = client.get(candidate.get_absolute_url()).content.decode()
+    assert 'id="diff-folded"' not in shown and 'class="diff' in shown
+    monkeypatch.setattr(views, "DIFF_OPEN_LINES", 0)
+    folded = client.get(candidate.get_absolute_url()).content.decode()
+    summary = folded.split('id="diff-folded"')[1].split("</summary>")[0]
+    assert "kernel" in summary and "show the change" in summary
 
 
 def test_the_review_page_draws_one_curve_per_kind_of_batch():
