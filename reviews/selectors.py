@@ -7,7 +7,7 @@ A decision counts only for the revision it was made on: everywhere here a candid
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -406,40 +406,53 @@ def _short_params(params: dict) -> str:
 # -- the leaderboard -----------------------------------------------------------------
 
 @dataclass
+class EndToEndContributed:
+    hardware: str  # the hardware class's label
+    measured: int = 0
+    factor: float = 1.0  # the kept wins' end-to-end speedups, multiplied together
+
+
+@dataclass
 class Standing:
     key: str
     label: str
     tried: int = 0
     kept: int = 0
-    e2e_measured: int = 0
-    e2e_factor: float = 1.0
+    # Per hardware class: a CPU step's speedup and an H200 step's do not multiply.
+    e2e: dict[str, EndToEndContributed] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float | None:
         return self.kept / self.tried if self.tried else None
 
     @property
-    def e2e_speedup(self) -> float | None:
-        """Kept wins' end-to-end speedups multiplied together; None when none was measured."""
-        return self.e2e_factor if self.e2e_measured else None
+    def e2e_per_hardware(self) -> list[EndToEndContributed]:
+        return [self.e2e[key] for key in HARDWARE if key in self.e2e]
+
+    @property
+    def best_e2e_speedup(self) -> float:
+        """The largest class's product (1 when none was measured): what ranks ties."""
+        return max((c.factor for c in self.e2e.values()), default=1.0)
 
 
 def leaderboard(*, days: int | None, now: datetime | None = None) -> dict[str, list[Standing]]:
     """Per engineer (the thesis author) and per op, over candidates evaluated in the period.
 
     Kept counts the candidates of the period that were kept (on their current
-    revision), so the hit rate, kept / tried, is over the same candidates.
+    revision), so the hit rate, kept / tried, is over the same candidates. The
+    end-to-end speedup contributed is kept per hardware class.
     """
     candidates = Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS).annotate(
         kept_now=Exists(Review.objects.filter(candidate=OuterRef("pk"), revision=OuterRef("revision"),
                                               decision=Review.Decision.KEEP)))
     if days is not None:
         candidates = candidates.filter(finished_at__gte=(now or timezone.now()) - timedelta(days=days))
-    rows = candidates.values_list("sweep__thesis__author_id", "sweep__thesis__op", "kept_now", "result")
+    rows = candidates.values_list("sweep__thesis__author_id", "sweep__thesis__op", "sweep__hardware",
+                                  "kept_now", "result")
     names = dict(get_user_model().objects.values_list("pk", "username"))
     engineers: dict[Any, Standing] = {}
     by_op: dict[Any, Standing] = {}
-    for author_id, op, kept, result in rows.iterator():
+    for author_id, op, hardware, kept, result in rows.iterator():
         e2e = end_to_end(result) if kept else None
         for table, key, label in ((engineers, author_id, names.get(author_id, "?")), (by_op, op, op)):
             standing = table.setdefault(key, Standing(key=str(key), label=label))
@@ -447,10 +460,12 @@ def leaderboard(*, days: int | None, now: datetime | None = None) -> dict[str, l
             if kept:
                 standing.kept += 1
                 if e2e and e2e.speedup:
-                    standing.e2e_measured += 1
-                    standing.e2e_factor *= e2e.speedup
+                    label_of = HARDWARE[hardware].label if hardware in HARDWARE else hardware
+                    contributed = standing.e2e.setdefault(hardware, EndToEndContributed(label_of))
+                    contributed.measured += 1
+                    contributed.factor *= e2e.speedup
 
     def ranked(table: dict[Any, Standing]) -> list[Standing]:
-        return sorted(table.values(), key=lambda s: (-s.kept, -(s.e2e_speedup or 1), -(s.hit_rate or 0), s.label))
+        return sorted(table.values(), key=lambda s: (-s.kept, -s.best_e2e_speedup, -(s.hit_rate or 0), s.label))
 
     return {"engineers": ranked(engineers), "ops": ranked(by_op)}

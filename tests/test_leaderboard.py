@@ -45,12 +45,24 @@ def test_it_counts_kept_wins_tried_candidates_hit_rate_and_end_to_end_per_engine
     board = selectors.leaderboard(days=None)
     ada, hedy = _row(board["engineers"], "ada"), _row(board["engineers"], "hedy")
     assert (ada.kept, ada.tried, ada.hit_rate) == (1, 3, pytest.approx(1 / 3))
-    assert ada.e2e_speedup == pytest.approx(1.2) and ada.e2e_measured == 1
-    assert (hedy.kept, hedy.tried, hedy.hit_rate, hedy.e2e_speedup) == (1, 1, 1.0, None)
+    [cpu] = ada.e2e_per_hardware
+    assert (cpu.hardware, cpu.factor, cpu.measured) == ("CPU (this machine)", pytest.approx(1.2), 1)
+    assert (hedy.kept, hedy.tried, hedy.hit_rate, hedy.e2e_per_hardware) == (1, 1, 1.0, [])
     rmsnorm = _row(board["ops"], "rmsnorm")
     assert (rmsnorm.kept, rmsnorm.tried) == (1, 3)
     # Ranked by kept wins, then end-to-end speedup: ada's measured 1.2× comes first.
     assert [s.label for s in board["engineers"]] == ["ada", "hedy"]
+
+
+def test_end_to_end_speedups_multiply_within_a_hardware_class_never_across(history, people):
+    """A CPU decode step's 1.2× and an H200 step's 1.1× are two facts, not a 1.32× one."""
+    gpu = make_thesis(people.author, title="H200 norm", hardware="h200")
+    win = record(start_sweep(gpu, people.producer, budget=1).candidates.get(),
+                 recorded_result(e2e={"baseline_ms": 11.0, "candidate_ms": 10.0, "delta_pct": -9.1}))
+    candidate_keep(candidate=win, reviewer=people.reviewer, commit=win.commit)
+    ada = _row(selectors.leaderboard(days=None)["engineers"], "ada")
+    assert [(c.hardware, round(c.factor, 3), c.measured) for c in ada.e2e_per_hardware] == [
+        ("CPU (this machine)", 1.2, 1), ("NVIDIA H200 (sm_90)", 1.1, 1)]
 
 
 def test_the_period_filter_counts_only_candidates_evaluated_in_it(history):

@@ -360,7 +360,7 @@ def test_an_end_to_end_delta_is_shown_when_measured(client, people, workspace_di
         e2e={"baseline_ms": 12.0, "candidate_ms": 11.4, "delta_pct": -5.0}))
     client.force_login(people.reviewer)
     e2e = client.get(candidate.get_absolute_url()).content.decode().split('id="e2e"')[1].split("</section>")[0]
-    assert "-5.00 %" in e2e and "12.000 ms → 11.400 ms" in e2e
+    assert "-5.00 %" in e2e and "12.000 ms → 11.400 ms" in e2e and "<strong>faster</strong>" in e2e
 
 
 def test_a_win_that_needs_scrutiny_shows_that_flag_before_everything_else(
