@@ -179,6 +179,18 @@ def test_ids_out_of_any_integer_range_are_404_not_a_server_error(client, token):
         assert response.json()["detail"]
 
 
+def test_a_page_that_is_not_there_is_the_apps_own_404_with_its_styles_and_icon(logged_in_client, settings):
+    from django.contrib.staticfiles import finders
+
+    settings.DEBUG = False
+    response = logged_in_client.get("/sweeps/999999/")
+    page = response.content.decode()
+    assert response.status_code == 404 and 'id="not-found"' in page and "/sweeps/999999/" in page
+    assert "css/app.css" in page and 'href="/reviews/"' in page  # the app's layout and navigation
+    icon = page.split('rel="icon" href="')[1].split('"')[0]
+    assert finders.find(icon.removeprefix(settings.STATIC_URL)) is not None
+
+
 # -- sweeps: kernel names with path tricks ---------------------------------------------
 
 @pytest.mark.parametrize("kernel", ["../../etc/passwd", "/etc/passwd", "..\\baseline", f"blocked{RTL}",
