@@ -7,6 +7,7 @@ here is the order the live script relies on: one trace per workload.
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 Figure = dict[str, Any]
@@ -53,10 +54,16 @@ def evidence_kernel_time_figure(summary: dict) -> Figure:
     }
 
 
-def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int, float]]) -> Figure:
+NO_RESULT_YET = "no result yet"
+
+
+def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int, float]],
+                         candidates: int) -> Figure:
     """Speedup over the baseline per workload (one trace each) by candidate number.
 
-    `points` are (candidate number, workload position, speedup), in candidate order.
+    `points` are (candidate number, workload position, speedup), in candidate order;
+    `candidates` how many the sweep has: the x axis spans them from the start, ticks
+    at whole numbers (Plotly's own ticks at halves read "1 1 1 2 2 2" once rounded).
     """
     traces = [
         {"type": "scatter", "mode": "lines+markers", "name": plotly_text(name), "x": [], "y": []}
@@ -70,7 +77,8 @@ def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int,
         "data": traces,
         "layout": {
             **LAYOUT,
-            "xaxis": {"title": {"text": "candidate"}, "tickformat": "d"},
+            "xaxis": {"title": {"text": "candidate"}, "range": [0.5, max(1, candidates) + 0.5],
+                      "tick0": 1, "dtick": max(1, math.ceil(candidates / 10))},
             "yaxis": {"title": {"text": "speedup over baseline (×)"}},
             "shapes": [
                 {
@@ -79,6 +87,11 @@ def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int,
                 }
             ],
             "legend": {"orientation": "h", "y": -0.25},
+            # Drawn empty, the chart said nothing (axes -1 to 6); the page's script
+            # removes this once the first result is plotted.
+            "annotations": [] if points else [{
+                "text": f"{NO_RESULT_YET}: candidate 1 is being evaluated", "showarrow": False,
+                "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"color": "#667085"}}],
         },
     }
 

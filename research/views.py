@@ -123,7 +123,7 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
         "results": results,
         "counts": selectors.sweep_counts(sweep),
         "workloads": workloads,
-        "figure": charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep)),
+        "figure": charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep), sweep.budget),
         "more_results": len(results) == selectors.RESULT_PAGE_SIZE,
         "refused": selectors.sweep_refused(sweep),
         # Rendered like a thesis's idea: the packs and the thesis are Markdown, and
@@ -204,7 +204,7 @@ def sweep_events(request: HttpRequest, sweep_id: int) -> JsonResponse:
 def sweep_chart(request: HttpRequest, sweep_id: int) -> JsonResponse:
     sweep = selectors.sweep_get(sweep_id)
     workloads = selectors.sweep_workload_names(sweep)
-    return JsonResponse(charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep)))
+    return JsonResponse(charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep), sweep.budget))
 
 
 def _int_param(request: HttpRequest, name: str) -> int:

@@ -99,6 +99,8 @@ def test_a_person_files_a_thesis_starts_a_sweep_and_watches_it_live(app, page, t
     assert page.evaluate("window.__sameDocument") is True
     points = page.evaluate("document.getElementById('sweep-chart').data.map(t => t.x.length)")
     assert points and all(n == 3 for n in points)
+    # The empty chart's "no result yet" note went with the first point.
+    assert page.evaluate("(document.getElementById('sweep-chart').layout.annotations || []).length") == 0
     verdicts = page.locator("#results-body .badge").all_inner_texts()
     # Every point of the kernel's SPACE is correct, so none may be rejected.
     assert set(verdicts) <= {"win", "no-gain"} and len(verdicts) == 3

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from research import selectors, services
+from research import charts, selectors, services
 from research.models import Candidate, Event, Sweep
 from runners import space
 from runners.ops import get_op
@@ -149,6 +149,21 @@ def test_the_results_partial_returns_rows_after_a_number_without_the_page(logged
     html = logged_in_client.get(url, {"after": 1}, HTTP_HX_REQUEST="true").content.decode()
     assert "<html" not in html
     assert 'id="candidate-1"' not in html and 'id="candidate-2"' in html and 'id="candidate-3"' in html
+
+
+def test_the_chart_counts_candidates_in_whole_numbers_and_says_when_it_has_nothing(logged_in_client,
+                                                                                  started_sweep):
+    empty = logged_in_client.get(reverse("sweep_chart", args=[started_sweep.pk])).json()["layout"]
+    # Ticks at whole candidates over the sweep's own span (rounded halves read "1 1 1 2 2 2").
+    assert (empty["xaxis"]["tick0"], empty["xaxis"]["dtick"], empty["xaxis"]["range"]) == (1, 1, [0.5, 3.5])
+    assert "tickformat" not in empty["xaxis"]
+    assert [a["text"] for a in empty["annotations"]] == ["no result yet: candidate 1 is being evaluated"]
+    candidate = started_sweep.candidates.first()
+    services.candidate_claim(candidate_id=candidate.pk)
+    services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
+    drawn = logged_in_client.get(reverse("sweep_chart", args=[started_sweep.pk])).json()["layout"]
+    assert drawn["annotations"] == []
+    assert charts.sweep_speedup_figure(["w"], [], 95)["layout"]["xaxis"]["dtick"] == 10
 
 
 def test_the_chart_endpoint_has_one_trace_per_workload(logged_in_client, started_sweep):

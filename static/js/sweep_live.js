@@ -41,7 +41,11 @@
       }
     });
     seen.add(payload.number);
-    if (indices.length) Plotly.extendTraces(el, { x: xs, y: ys }, indices);
+    if (indices.length) {
+      Plotly.extendTraces(el, { x: xs, y: ys }, indices);
+      // The "no result yet" note of an empty chart (research/charts.py) has had its day.
+      if ((el.layout.annotations || []).length) Plotly.relayout(el, { annotations: [] });
+    }
   }
 
   function apply(frame) {
