@@ -16,8 +16,12 @@ from runners import ops
 MAX_LIST_ITEMS = 64
 
 
+# Context lengths are said in binary thousands: "32K" is 32,768 tokens, "1M" 1,048,576.
+_SUFFIXES = {"k": 2**10, "m": 2**20}
+
+
 class IntListField(forms.CharField):
-    """Comma- or space-separated positive integers, e.g. "4096, 32768"."""
+    """Comma- or space-separated positive integers, e.g. "4096, 32768" or "4K, 32K"."""
 
     def to_python(self, value: str | None) -> list[int]:
         text = (super().to_python(value) or "").replace(",", " ")
@@ -26,11 +30,14 @@ class IntListField(forms.CharField):
             raise forms.ValidationError(f"at most {MAX_LIST_ITEMS} values")
         numbers = []
         for item in items:
+            digits, scale = item, 1
+            if item[-1:].lower() in _SUFFIXES:
+                digits, scale = item[:-1], _SUFFIXES[item[-1].lower()]
             # ASCII digits only: str.isdigit() also says yes to "²" (which int() refuses)
             # and to other scripts' digits.
-            if not (item.isascii() and item.isdigit()) or len(item) > 9:
-                raise forms.ValidationError(f"{item[:20]!r} is not a whole number")
-            numbers.append(int(item))
+            if not (digits.isascii() and digits.isdigit()) or len(digits) > 9:
+                raise forms.ValidationError(f"{item[:20]!r} is not a whole number (or one with K or M)")
+            numbers.append(int(digits) * scale)
         return numbers
 
 
@@ -51,7 +58,7 @@ class ThesisForm(forms.Form):
     forbidden_changes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
                                         max_length=4000)
     context_lengths = IntListField(required=False, max_length=1000,
-                                   help_text="Blank for the op's defaults.")
+                                   help_text="e.g. 4K, 32K (K is 1,024). Blank for the op's defaults.")
     batch_sizes = IntListField(required=False, max_length=1000,
                                help_text="Blank for the op's defaults.")
 

@@ -114,6 +114,15 @@ def test_a_plain_post_files_the_thesis_and_redirects_to_it(logged_in_client):
     assert thesis.evidence.format == "nsys-csv"
 
 
+def test_context_lengths_may_be_said_in_k_as_engineers_say_them(logged_in_client):
+    response = logged_in_client.post(reverse("thesis_new"), _form(context_lengths="2K, 8k", batch_sizes="4"))
+    assert response.status_code == 302 and Thesis.objects.get().context_lengths == [2048, 8192]
+    for bad in ("32KB", "K", "1.5K", "-2K"):
+        refused = logged_in_client.post(reverse("thesis_new"), _form(context_lengths=bad))
+        assert refused.status_code == 422 and "is not a whole number (or one with K or M)" in refused.content.decode()
+    assert Thesis.objects.count() == 1
+
+
 def test_an_htmx_post_with_errors_returns_only_the_form_with_messages(logged_in_client):
     response = logged_in_client.post(
         reverse("thesis_new"), _form(context_lengths="2048, lots"), HTTP_HX_REQUEST="true"
