@@ -165,8 +165,10 @@ def _dispatch_positions(rows: Sequence[WorkloadRow], categories: list[str],
 
 # -- the keep/revert path ------------------------------------------------------------
 
-# One line style per op's running best, all in the win colour: the team chart has several.
+# One colour and line style per op's running best: the team chart has several, and in
+# one colour they read as one line (the first is the win colour).
 _OP_DASHES = ("solid", "dash", "dot", "dashdot")
+_OP_COLOURS = (WIN_COLOUR, "#2f5bd3", "#7a3ab5", "#0e7490")
 _STATES = {
     # state: (legend, colour, symbol, size)
     "rejected": ("rejected", GREY, "x", 7),
@@ -209,7 +211,7 @@ def path_figure(points: Sequence[dict]) -> Figure:
     # One running best per op and hardware class: kernels are kept per class.
     lines = list(dict.fromkeys((p["op"], p.get("hardware")) for p in points))
     last_x = max((p["x"] for p in points), default=0)
-    for line, dash in zip(lines, itertools.cycle(_OP_DASHES)):
+    for line, dash, colour in zip(lines, itertools.cycle(_OP_DASHES), itertools.cycle(_OP_COLOURS)):
         members = [p for p in points if (p["op"], p.get("hardware")) == line]
         kept = [p for p in members if p["state"] == "kept" and p["y"] is not None]
         first_x = min(p["x"] for p in members)
@@ -223,7 +225,7 @@ def path_figure(points: Sequence[dict]) -> Figure:
         ys.append(best)
         traces.append({
             "type": "scatter", "mode": "lines", "name": "running best" if len(lines) == 1 else f"running best ({op})",
-            "x": xs, "y": ys, "line": {"shape": "hv", "color": WIN_COLOUR, "width": 2, "dash": dash},
+            "x": xs, "y": ys, "line": {"shape": "hv", "color": colour, "width": 2, "dash": dash},
             "hoverinfo": "skip",
         })
 

@@ -53,9 +53,10 @@ def test_the_team_chart_has_a_running_best_per_op():
     figure = path_figure([_point(1, 1.2, "kept"), _point(2, 1.5, "kept", op="dsa_indexer_topk")])
     names = [t["name"] for t in figure["data"]]
     assert "running best (rmsnorm)" in names and "running best (dsa_indexer_topk)" in names
-    # Told apart by their dash, both in the win colour.
-    dashes = {_trace(figure, f"running best ({op})")["line"]["dash"] for op in ("rmsnorm", "dsa_indexer_topk")}
-    assert dashes == {"solid", "dash"}
+    # Told apart by their colour and dash: in one colour, three of them read as one line.
+    lines = [_trace(figure, f"running best ({op})")["line"] for op in ("rmsnorm", "dsa_indexer_topk")]
+    assert {line["dash"] for line in lines} == {"solid", "dash"}
+    assert len({line["color"] for line in lines}) == 2
 
 
 def test_kept_labels_lean_toward_the_middle_of_the_path():
