@@ -47,6 +47,35 @@ def _owner_only() -> None:
     die_with_parent()
 
 
+def _owner_only_folder(folder: Path) -> None:
+    """The folder and what an earlier start left in it (its log, its append-only files),
+    its owner's alone, never following a link: Redis opens its files by name, so a link
+    planted at one of them (or at the folder) would have it write, and this chmod, the
+    file the link names. Links are removed; files and folders are changed through a
+    descriptor opened without following one."""
+    if folder.is_symlink():
+        folder.unlink()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _change_mode(folder, 0o700, os.O_DIRECTORY)
+    for entry in os.scandir(folder):
+        if entry.is_symlink():
+            os.unlink(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            _owner_only_folder(Path(entry.path))
+        elif entry.is_file(follow_symlinks=False):
+            _change_mode(Path(entry.path), 0o600, os.O_NONBLOCK)
+        else:  # a fifo or socket where Redis would write a file
+            os.unlink(entry.path)
+
+
+def _change_mode(path: Path, mode: int, flags: int) -> None:
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | flags)
+    try:
+        os.fchmod(descriptor, mode)
+    finally:
+        os.close(descriptor)
+
+
 class EmbeddedRedis:
     def __init__(self, directory: Path, port: int | None = None) -> None:
         self.directory = directory
@@ -64,13 +93,10 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> str:
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
-        for earlier in self.directory.iterdir():  # files of an earlier start, made before this
-            if earlier.is_file():
-                os.chmod(earlier, 0o600)
+        _owner_only_folder(self.directory)
         config = self.directory / "redis.conf"
-        descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        config.unlink(missing_ok=True)
+        descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(f"requirepass {self.password}\n")
         self.process = subprocess.Popen(

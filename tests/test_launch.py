@@ -86,6 +86,49 @@ def test_killing_the_launcher_outright_takes_its_processes_with_it(app):
     assert not _port_open(app.port) and not _port_open(redis_port)
 
 
+def test_the_embedded_redis_never_follows_a_link_planted_in_its_folder(tmp_path):
+    """Its configuration (with the password), its log and its append-only files are
+    written by name: links planted there once emptied the files they named, wrote the
+    password into one and made them the owner's alone."""
+    import stat
+
+    import redis
+
+    from config.embedded_redis import EmbeddedRedis
+
+    victims = {name: tmp_path / f"victim-{name}" for name in ("conf", "log", "aof")}
+    for victim in victims.values():
+        victim.write_text("important content\n")
+        victim.chmod(0o644)
+    folder = tmp_path / "data" / "redis"
+    (folder / "appendonlydir").mkdir(parents=True)
+    (folder / "redis.conf").symlink_to(victims["conf"])
+    (folder / "redis.log").symlink_to(victims["log"])
+    (folder / "appendonlydir" / "appendonly.aof.1.incr.aof").symlink_to(victims["aof"])
+    server = EmbeddedRedis(folder)
+    url = server.start()
+    try:
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        server.stop()
+    for victim in victims.values():
+        assert victim.read_text() == "important content\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert not (folder / "redis.conf").is_symlink() and server.password in (folder / "redis.conf").read_text()
+    assert not any(path.is_symlink() for path in folder.rglob("*"))
+
+    # A link at the folder itself is removed and a folder of its own made in its place.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o755)
+    folder_link = tmp_path / "data" / "linked"
+    folder_link.symlink_to(elsewhere)
+    again = EmbeddedRedis(folder_link)
+    again.start()
+    again.stop()
+    assert not folder_link.is_symlink() and stat.S_IMODE(folder_link.stat().st_mode) == 0o700
+    assert list(elsewhere.iterdir()) == [] and stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
+
+
 def test_the_embedded_redis_asks_for_a_password_no_other_user_can_read(tmp_path):
     import stat
 
