@@ -274,6 +274,38 @@ def test_the_connection_goes_to_the_vetted_address_with_the_original_host_header
     assert request.path == "/in?x=1"
 
 
+def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_attempts_deadline():
+    """Each read's timeout was the only bound: one header line a second held a worker
+    for as long as the receiver liked (12 s under a 2 s timeout)."""
+    class Drip(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for number in range(20):
+                try:
+                    self.wfile.write(f"x-drip-{number}: 1\r\n".encode())
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.5)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no whole answer within 1 s"):
+            outbound.post(f"http://127.0.0.1:{server.server_address[1]}/in", body=b"{}", headers={},
+                          timeout_s=1, allow_private=True)
+        # Cut off at its deadline, long before the receiver's 10 s of dripping ends.
+        assert time.monotonic() - started < 5
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_redeliver_sends_the_same_webhook_id_again_as_a_new_attempt(endpoint, receiver, worker, client, user):
     delivery = _kept_event()
     _wait_for(_settled(delivery.pk))

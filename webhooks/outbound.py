@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import socket
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -118,17 +119,42 @@ class PinnedHTTPSConnection(_PinnedAddress, http.client.HTTPSConnection):
 
 def post(url: str, *, body: bytes, headers: dict[str, str], timeout_s: float,
          allow_private: bool) -> Response:
-    """POST once. Raises Refused for a forbidden target, OSError or HTTPException on failure."""
+    """POST once, within `timeout_s` in all. Raises Refused for a forbidden target,
+    OSError (TimeoutError past the deadline) or HTTPException on failure.
+
+    A socket's timeout bounds each read, not the attempt: a receiver that sent a header
+    line a second held a delivery worker for as long as it liked. So the socket is shut
+    at the deadline, whatever the attempt is waiting on."""
     scheme, host, port = check_url(url)
     address = resolve(host, port, allow_private=allow_private)
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     connection_class = PinnedHTTPSConnection if scheme == "https" else PinnedHTTPConnection
     connection = connection_class(host, port, timeout=timeout_s, address=address)
+    past_deadline = threading.Event()
+
+    def cut_off() -> None:
+        past_deadline.set()
+        if connection.sock is not None:
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
+
+    deadline = threading.Timer(timeout_s, cut_off)
+    deadline.daemon = True
+    deadline.start()
     try:
         connection.request("POST", target, body=body, headers={"user-agent": USER_AGENT, **headers})
         response = connection.getresponse()
         excerpt = response.read(RESPONSE_EXCERPT_BYTES).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as error:
+        if past_deadline.is_set():
+            raise TimeoutError(f"no whole answer within {timeout_s:g} s") from error
+        raise
     finally:
+        deadline.cancel()
         connection.close()
+    if past_deadline.is_set():  # the answer was cut short at the deadline
+        raise TimeoutError(f"no whole answer within {timeout_s:g} s")
     return Response(status=response.status, excerpt=excerpt)
