@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -214,29 +215,27 @@ def _int_param(request: HttpRequest, name: str) -> int:
     return int(value)
 
 
-NEW_TOKEN = "research.new-api-token"
-
-
 @login_required
+@never_cache  # the page that shows a new token once must not be kept by the browser
 @require_http_methods(["GET", "POST"])
 @rate_limited("api-token-create")
 def api_token_list(request: HttpRequest) -> HttpResponse:
-    """The signed-in user's API tokens, and a form for a new one: shown once, on the
-    page after it is made (through the session, never in a URL)."""
+    """The signed-in user's API tokens, and a form for a new one, shown once: in the
+    answer to the POST that made it, never stored (not even in the session) nor cached."""
     form = ApiTokenForm(request.POST or None)
+    new_token = None
     if request.method == "POST" and form.is_valid():
         try:
-            _, token = api_tokens.api_token_create_on_page(user=request.user, **form.cleaned_data)
+            _, new_token = api_tokens.api_token_create_on_page(user=request.user, **form.cleaned_data)
         except ValidationError as error:
             _add_errors(form, error)
         else:
-            request.session[NEW_TOKEN] = token
-            return redirect("api_token_list")
+            form = ApiTokenForm()
     return render(request, "research/api_tokens.html", {
         "form": form,
         "tokens": api_tokens.api_tokens_of(request.user),
         "may_create_host_token": api_tokens.may_create_host_token(request.user),
-        "new_token": request.session.pop(NEW_TOKEN, None) if request.method == "GET" else None,
+        "new_token": new_token,
     }, status=422 if form.errors else 200)
 
 
