@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
 from research.models import ApiToken
+from research.services import refuse_hidden_characters
 
 TOKEN_PREFIX = "kl_"
 # "kl_" and 8 characters: enough to tell one's tokens apart, too few to guess the rest.
@@ -37,6 +38,7 @@ def api_token_create(*, user, name: str, host: str = "") -> tuple[ApiToken, str]
         raise ValidationError({"name": "name the token (the host or script that will use it)"})
     if len(name) > ApiToken._meta.get_field("name").max_length:
         raise ValidationError({"name": "at most 100 characters"})
+    refuse_hidden_characters("name", name)
     if host and not HOST_NAME.fullmatch(host):
         raise ValidationError({"host": "a host name: letters, digits, '.', '_' and '-', at most 100"})
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)

@@ -28,6 +28,7 @@ from research.hardware import HARDWARE, KERNEL_DSLS, MODEL_CONTEXTS
 from research import proposers, workspace
 from research.models import Candidate, Evidence, GuardFinding, Measurement, Sweep, Thesis
 from research.provenance import worker_provenance
+from reviews.diffs import hidden_characters
 from reviews.live import publish_queue_changed
 from runners import ops, space
 from webhooks import payloads as webhook_payloads
@@ -93,6 +94,16 @@ def evidence_from_upload(*, uploaded_by, upload: Upload) -> Evidence:
     )
 
 
+def refuse_hidden_characters(field: str, text: str) -> None:
+    """A one-line text shown across the app (a title, a name) holds no character that
+    renders as nothing or reorders what follows: a U+202E in a title reversed the page
+    text after its link in every breadcrumb."""
+    hidden = hidden_characters(text)
+    if hidden:
+        raise ValidationError({field: f"holds characters that render as nothing or reorder the text "
+                                      f"around them: {', '.join(hidden)}"})
+
+
 def thesis_submit(
     *,
     author,
@@ -111,6 +122,7 @@ def thesis_submit(
     title = title.strip()
     if not title:
         raise ValidationError({"title": "a thesis needs a title"})
+    refuse_hidden_characters("title", title)
     if not idea.strip():
         raise ValidationError({"idea": "say what the idea is"})
     if hardware not in HARDWARE:

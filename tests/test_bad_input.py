@@ -75,6 +75,10 @@ BAD_FIELDS = [
     ({"title": "x" * 201}, "title"),
     ({"idea": "y" * 20_001}, "idea"),
     ({"title": "nul\x00title"}, "title"),
+    # Shown in every breadcrumb and menu: a U+202E there reversed the page text after it.
+    ({"title": f"T1 <b>x</b>{RTL}"}, "title"),
+    ({"title": "zero\u200bwidth"}, "title"),
+    ({"title": "two\u2028lines"}, "title"),
     ({"op": "../rmsnorm"}, "op"),
     ({"op": f"rms{RTL}norm"}, "op"),
     ({"op": "softmax9"}, "op"),
