@@ -68,7 +68,8 @@ def _event_html(message: dict, *, can_control: bool) -> str:
             "wins": payload.get("wins"), "rejected": payload.get("rejected"), "oob": True,
         }))
     if kind == "candidate.started":
-        parts.append(render_to_string(f"{_PAGE}#activity", {"payload": payload, "oob": True}))
+        parts.append(render_to_string(f"{_PAGE}#activity", {"payload": payload, "at": message.get("at"),
+                                                             "oob": True}))
     if kind in _ACTIVITY_NOTES:
         parts.append(render_to_string(f"{_PAGE}#activity", {
             "note": _ACTIVITY_NOTES[kind].format(**payload), "oob": True}))

@@ -6,6 +6,8 @@ published, so a browser that missed some can be replayed them.
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
@@ -252,7 +254,9 @@ class Event(models.Model):
         constraints = [models.UniqueConstraint(fields=["sweep", "seq"], name="event_seq_per_sweep")]
 
     def as_message(self) -> dict:
-        return {"sweep": self.sweep_id, "seq": self.seq, "type": self.type, "payload": self.payload}
+        """The event as it is sent and replayed; `at` is when it was recorded (UTC)."""
+        return {"sweep": self.sweep_id, "seq": self.seq, "type": self.type, "payload": self.payload,
+                "at": self.created_at.astimezone(UTC).isoformat(timespec="seconds")}
 
 
 class ApiToken(models.Model):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
@@ -121,8 +123,22 @@ def test_the_events_endpoint_returns_what_came_after_a_seq(logged_in_client, sta
     url = reverse("sweep_events", args=[started_sweep.pk])
     body = logged_in_client.get(url, {"after": 1}).json()
     assert [e["seq"] for e in body["events"]] == [2, 3]
-    assert body["events"][0] == {"sweep": started_sweep.pk, "seq": 2, "type": "sweep.started",
-                                 "payload": {"total": 3}}
+    first = body["events"][0]
+    assert {k: v for k, v in first.items() if k != "at"} == {"sweep": started_sweep.pk, "seq": 2,
+                                                              "type": "sweep.started", "payload": {"total": 3}}
+    # Each event says when it was recorded, in UTC.
+    recorded = Event.objects.get(sweep=started_sweep, seq=2).created_at
+    assert datetime.fromisoformat(first["at"]) == recorded.replace(microsecond=0) and first["at"].endswith("+00:00")
+
+
+def test_the_page_says_since_when_a_candidate_has_been_evaluated(started_sweep):
+    from research.frames import event_frame
+
+    services.candidate_claim(candidate_id=started_sweep.candidates.first().pk)
+    started = Event.objects.get(sweep=started_sweep, type="candidate.started")
+    html = event_frame(started.as_message())["html"]
+    at = started.created_at.strftime("%H:%M:%S")
+    assert "Evaluating candidate 1" in html and f"since {at} UTC" in html
 
 
 def test_the_events_endpoint_refuses_a_seq_that_is_not_a_number(logged_in_client, started_sweep):
