@@ -80,6 +80,14 @@ class ThesisForm(forms.Form):
         return [line.strip() for line in self.cleaned_data["allowed_paths"].splitlines() if line.strip()]
 
 
+class ThesisEditForm(forms.Form):
+    """What the author may rewrite before the first sweep."""
+    title = forms.CharField(max_length=200)
+    idea = forms.CharField(widget=forms.Textarea(attrs={"rows": 8}), max_length=20000)
+    forbidden_changes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                                        max_length=4000)
+
+
 class ApiTokenForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What will use it: a script, a laptop, a GPU host.")
     host = forms.CharField(required=False, max_length=100, label="GPU host",

@@ -49,6 +49,11 @@ class Thesis(models.Model):
     context_lengths = models.JSONField()
     batch_sizes = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # Archived: off the dashboard and closed to new sweeps; its sweeps, candidates and
+    # decisions stay as they were.
+    archived_at = models.DateTimeField(null=True, blank=True)
+    archived_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                    on_delete=models.PROTECT, related_name="+")
 
     class Meta:
         ordering = ["-created_at", "-id"]

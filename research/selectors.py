@@ -13,8 +13,9 @@ from runners.harness.dsl import kernel_dsl
 RESULT_PAGE_SIZE = 200
 
 
-def thesis_list_for_dashboard() -> QuerySet[Thesis]:
-    return Thesis.objects.select_related("author", "evidence").annotate(
+def thesis_list_for_dashboard(*, archived: bool = False) -> QuerySet[Thesis]:
+    """The theses in play, or with `archived` the archived ones."""
+    return Thesis.objects.filter(archived_at__isnull=not archived).select_related("author", "evidence").annotate(
         sweep_count=Count("sweeps")
     )
 

@@ -163,6 +163,39 @@ def thesis_submit(
     return thesis
 
 
+def thesis_edit(*, thesis: Thesis, edited_by, title: str, idea: str, forbidden_changes: str = "") -> Thesis:
+    """Its author rewrites the title, idea and forbidden changes, until its first sweep:
+    from then on they are what its candidates were produced and judged under."""
+    if edited_by.pk != thesis.author_id:
+        raise PermissionDenied("only the thesis's author may edit it")
+    if thesis.sweeps.exists():
+        raise ValidationError("a sweep has started from this thesis: it is what its candidates were "
+                              "judged under, so it stays as it is (file a new thesis instead)", code="started")
+    title, idea = title.strip(), idea.strip()
+    if not title:
+        raise ValidationError({"title": "a thesis needs a title"})
+    refuse_hidden_characters("title", title)
+    if not idea:
+        raise ValidationError({"idea": "say what the idea is"})
+    thesis.title, thesis.idea, thesis.forbidden_changes = title, idea, forbidden_changes.strip()
+    thesis.save(update_fields=["title", "idea", "forbidden_changes"])
+    return thesis
+
+
+def thesis_archive(*, thesis: Thesis, by, archived: bool = True) -> Thesis:
+    """Off the dashboard and closed to new sweeps (or back again); by its author or staff.
+    Nothing of its sweeps, candidates or decisions changes."""
+    if by.pk != thesis.author_id and not by.is_staff:
+        raise PermissionDenied("only the thesis's author or staff may archive it")
+    unfinished = [Sweep.Status.QUEUED, Sweep.Status.RUNNING, Sweep.Status.PAUSED]
+    if archived and thesis.sweeps.filter(status__in=unfinished).exists():
+        raise ValidationError("a sweep of this thesis has not finished: cancel it or let it end first",
+                              code="running")
+    thesis.archived_at, thesis.archived_by = (timezone.now(), by) if archived else (None, None)
+    thesis.save(update_fields=["archived_at", "archived_by"])
+    return thesis
+
+
 def sweep_start(
     *,
     thesis: Thesis,
@@ -182,6 +215,8 @@ def sweep_start(
     `patience` the candidates in a row without a better geomean speedup than the best
     so far; reaching any of them ends the sweep (see `sweep_continue`).
     """
+    if thesis.archived_at is not None:
+        raise ValidationError("this thesis is archived: restore it to start a sweep", code="archived")
     target = _op_or_error(thesis.op)
     kernels = target.kernels()
     if kernel not in kernels:

@@ -13,7 +13,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from config.ratelimit import rate_limited
 from research import agent_context, api_tokens, charts, selectors, services, sweep_control, workers
-from research.forms import ApiTokenForm, SweepForm, ThesisForm
+from research.forms import ApiTokenForm, SweepForm, ThesisEditForm, ThesisForm
 from research.markdown import render_markdown
 from research.models import ApiToken, Candidate, Sweep
 from reviews import charts as review_charts
@@ -25,6 +25,9 @@ def _redirect(request: HttpRequest, url: str) -> HttpResponse:
 
 
 def _add_errors(form, error: ValidationError) -> None:
+    if not hasattr(error, "error_dict"):  # about the whole request, not one field
+        form.add_error(None, error.messages)
+        return
     for field, field_messages in error.message_dict.items():
         form.add_error(field if field in form.fields else None, field_messages)
 
@@ -32,8 +35,10 @@ def _add_errors(form, error: ValidationError) -> None:
 @login_required
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
+    archived = request.GET.get("archived") == "1"
     return render(request, "research/dashboard.html", {
-        "theses": selectors.thesis_list_for_dashboard()[:50],
+        "archived": archived,
+        "theses": selectors.thesis_list_for_dashboard(archived=archived)[:50],
         "sweeps": selectors.sweep_list_recent(),
     })
 
@@ -62,6 +67,37 @@ def thesis_detail(request: HttpRequest, thesis_id: int) -> HttpResponse:
     return render(request, "research/thesis_detail.html", _thesis_context(thesis, SweepForm(
         kernels=selectors.thesis_kernels(thesis), initial={"hardware": thesis.hardware}
     )))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def thesis_edit(request: HttpRequest, thesis_id: int) -> HttpResponse:
+    thesis = selectors.thesis_get(thesis_id)
+    form = ThesisEditForm(request.POST or None, initial={
+        "title": thesis.title, "idea": thesis.idea, "forbidden_changes": thesis.forbidden_changes})
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.thesis_edit(thesis=thesis, edited_by=request.user, **form.cleaned_data)
+        except ValidationError as error:
+            _add_errors(form, error)
+        else:
+            return redirect(thesis.get_absolute_url())
+    return render(request, "research/thesis_edit.html", {"thesis": thesis, "form": form},
+                  status=422 if form.errors else 200)
+
+
+@login_required
+@require_POST
+def thesis_archive(request: HttpRequest, thesis_id: int, archived: bool) -> HttpResponse:
+    thesis = selectors.thesis_get(thesis_id)
+    try:
+        services.thesis_archive(thesis=thesis, by=request.user, archived=archived)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, "Archived: off the dashboard and closed to new sweeps." if archived
+                         else "Restored to the dashboard.")
+    return redirect(thesis.get_absolute_url())
 
 
 def _thesis_context(thesis, sweep_form: SweepForm) -> dict:

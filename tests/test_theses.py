@@ -179,3 +179,67 @@ def test_the_thesis_page_lists_the_packs_its_agents_read_and_each_can_be_read(lo
     # Only packs: no other file of the project, however the name is spelled.
     for name in ("../config/settings.py", "hardware/../../README.md", "README.md", "nope.md"):
         assert logged_in_client.get(reverse("skill_pack", args=[name])).status_code == 404
+
+
+# -- editing and archiving ------------------------------------------------------------
+
+def _other_user(name: str, **fields):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(name, password="pw-for-tests-only", **fields)
+
+
+def test_its_author_edits_a_thesis_until_its_first_sweep(logged_in_client, make_thesis, user, monkeypatch):
+    from django.test import Client
+
+    thesis = make_thesis()
+    url = reverse("thesis_edit", args=[thesis.pk])
+    edited = logged_in_client.post(url, {"title": "Blocked rmsnorm, 64 rows", "idea": "Rows in blocks of 64."})
+    thesis.refresh_from_db()
+    assert edited.status_code == 302 and (thesis.title, thesis.idea) == ("Blocked rmsnorm, 64 rows", "Rows in blocks of 64.")
+    assert logged_in_client.post(url, {"title": "bad\u202e", "idea": "x"}).status_code == 422
+
+    other = Client()
+    other.force_login(_other_user("mallory"))
+    assert other.post(url, {"title": "Mine now", "idea": "x"}).status_code == 403
+    assert Thesis.objects.get(pk=thesis.pk).title == "Blocked rmsnorm, 64 rows"
+
+    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    refused = logged_in_client.post(url, {"title": "Rewritten after the fact", "idea": "x"})
+    assert refused.status_code == 422 and "what its candidates were judged under" in refused.content.decode()
+    assert Thesis.objects.get(pk=thesis.pk).title == "Blocked rmsnorm, 64 rows"
+    assert 'id="edit-thesis"' not in logged_in_client.get(thesis.get_absolute_url()).content.decode()
+
+
+def test_an_archived_thesis_leaves_the_dashboard_and_takes_no_sweep_until_restored(
+        logged_in_client, make_thesis, user, monkeypatch):
+    from django.test import Client
+
+    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    thesis = make_thesis(title="An idea that did not pan out")
+    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    # Not while a sweep of it may still run.
+    assert logged_in_client.post(reverse("thesis_archive", args=[thesis.pk]), follow=True).status_code == 200
+    assert Thesis.objects.get(pk=thesis.pk).archived_at is None
+    sweep.status = sweep.Status.FINISHED
+    sweep.save(update_fields=["status"])
+
+    stranger = Client()
+    stranger.force_login(_other_user("mallory"))
+    assert stranger.post(reverse("thesis_archive", args=[thesis.pk])).status_code == 403
+    page = logged_in_client.post(reverse("thesis_archive", args=[thesis.pk]), follow=True).content.decode()
+    assert 'id="archived"' in page and "closed to new sweeps" in page
+    def listed(**query) -> bool:
+        theses = logged_in_client.get(reverse("dashboard"), query).content.decode().split("<h2>Recent sweeps</h2>")[0]
+        return "An idea that did not pan out" in theses
+    assert not listed() and listed(archived="1")
+    with pytest.raises(ValidationError, match="archived: restore it to start a sweep"):
+        services.sweep_start(thesis=Thesis.objects.get(pk=thesis.pk), started_by=user, kernel="blocked",
+                             strategy="grid", budget=1)
+    # Staff may restore it too.
+    staff = Client()
+    staff.force_login(_other_user("grace", is_staff=True))
+    staff.post(reverse("thesis_restore", args=[thesis.pk]))
+    restored = Thesis.objects.get(pk=thesis.pk)
+    assert restored.archived_at is None and restored.archived_by is None and listed()
