@@ -13,8 +13,10 @@ import math
 import posixpath
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -78,12 +80,15 @@ def _clean_allowed_paths(paths: list[str]) -> list[str]:
     return cleaned
 
 
-def evidence_from_upload(*, uploaded_by, upload: Upload) -> Evidence:
-    """Parse first, store after: unreadable evidence never reaches the database."""
+def _parsed_evidence(upload: Upload) -> dict:
+    """Parsed before anything is stored: unreadable evidence never reaches the database."""
     try:
-        summary = parse_evidence(upload.data, upload.name, max_bytes=settings.EVIDENCE_MAX_BYTES)
+        return parse_evidence(upload.data, upload.name, max_bytes=settings.EVIDENCE_MAX_BYTES)
     except EvidenceError as exc:
         raise ValidationError({"evidence": str(exc)}) from exc
+
+
+def _stored_evidence(*, uploaded_by, upload: Upload, summary: dict) -> Evidence:
     return Evidence.objects.create(
         uploaded_by=uploaded_by,
         filename=posixpath.basename(upload.name.replace("\\", "/"))[:255] or "evidence",
@@ -119,31 +124,49 @@ def thesis_submit(
     batch_sizes: list[int] | None = None,
     evidence: Upload | None = None,
 ) -> Thesis:
+    # Every problem at once: a form that named one per submit took as many submits.
+    problems: dict[str, list[str]] = {}
+
+    def checked(check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except ValidationError as error:
+            for field, messages in error.message_dict.items():
+                problems.setdefault(field, []).extend(messages)
+            return None
+
+    def refuse(field: str, message: str) -> None:
+        problems.setdefault(field, []).append(message)
+
     title = title.strip()
     if not title:
-        raise ValidationError({"title": "a thesis needs a title"})
-    refuse_hidden_characters("title", title)
+        refuse("title", "a thesis needs a title")
+    checked(lambda: refuse_hidden_characters("title", title))
     if not idea.strip():
-        raise ValidationError({"idea": "say what the idea is"})
+        refuse("idea", "say what the idea is")
     if hardware not in HARDWARE:
-        raise ValidationError({"hardware": f"unknown hardware {hardware!r}"})
+        refuse("hardware", f"unknown hardware {hardware!r}")
     if required_dsl not in dict(KERNEL_DSLS):
-        raise ValidationError({"required_dsl": f"unknown kernel DSL {required_dsl!r}"})
+        refuse("required_dsl", f"unknown kernel DSL {required_dsl!r}")
     if model_context not in dict(MODEL_CONTEXTS):
-        raise ValidationError({"model_context": f"unknown model context {model_context!r}"})
-    target = _op_or_error(op)
-    device = HARDWARE[hardware].device
-    context_lengths = context_lengths or target.default_context_lengths(device)
-    batch_sizes = batch_sizes or target.default_batch_sizes(device)
-    try:
-        target.workloads(device, context_lengths, batch_sizes)
-    except ops.WorkloadError as exc:
-        raise ValidationError({"context_lengths": str(exc)}) from exc
-    paths = _clean_allowed_paths(allowed_paths or [])
+        refuse("model_context", f"unknown model context {model_context!r}")
+    target = checked(lambda: _op_or_error(op))
+    if target is not None and hardware in HARDWARE:
+        device = HARDWARE[hardware].device
+        context_lengths = context_lengths or target.default_context_lengths(device)
+        batch_sizes = batch_sizes or target.default_batch_sizes(device)
+        try:
+            target.workloads(device, context_lengths, batch_sizes)
+        except ops.WorkloadError as exc:
+            refuse("context_lengths", str(exc))
+    paths = checked(lambda: _clean_allowed_paths(allowed_paths or []))
+    summary = checked(lambda: _parsed_evidence(evidence)) if evidence else None
+    if problems:
+        raise ValidationError(problems)
 
     with transaction.atomic():
         stored_evidence = (
-            evidence_from_upload(uploaded_by=author, upload=evidence) if evidence else None
+            _stored_evidence(uploaded_by=author, upload=evidence, summary=summary) if evidence else None
         )
         thesis = Thesis.objects.create(
             author=author,

@@ -243,3 +243,15 @@ def test_an_archived_thesis_leaves_the_dashboard_and_takes_no_sweep_until_restor
     staff.post(reverse("thesis_restore", args=[thesis.pk]))
     restored = Thesis.objects.get(pk=thesis.pk)
     assert restored.archived_at is None and restored.archived_by is None and listed()
+
+
+def test_the_form_names_every_problem_at_once(logged_in_client):
+    """It named one per submit: as many submits as mistakes."""
+    evidence = SimpleUploadedFile("kern_sum.csv", b"not,a,profile\n1,2,3\n", content_type="text/csv")
+    response = logged_in_client.post(reverse("thesis_new"), {**_form(
+        title="bad\u200btitle", allowed_paths="../../etc/passwd", batch_sizes="0"), "evidence": evidence})
+    html = response.content.decode()
+    assert response.status_code == 422
+    assert "U+200B" in html and "must be a relative path" in html
+    assert html.count('class="error"') >= 4, html  # the title, the paths, the workloads, the evidence
+    assert not Thesis.objects.exists()
