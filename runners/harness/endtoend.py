@@ -48,8 +48,9 @@ CPU_BUDGET_S = 0.25
 # breaks a near-tie otherwise moves only that sequence (they are independent through
 # the step), sometimes far: an honest indexer on the CPU shape (160 sequences, 40
 # seeds) lay 0.8% away at the median, 2.9% at the 95th percentile and 34.5% at worst,
-# never more than one of a batch of 4 beyond 5%. A norm skipped inside the step moved
-# every sequence 11-59% (docs/benchmarks.md, "The step's output, sequence by sequence").
+# never more than one of a batch of 4 beyond 5% (on the H200 shape, 4 of 64 at most). A
+# norm skipped inside the step moved every sequence 11-81% on the CPU and 14-32% on the
+# H200 (docs/benchmarks.md, "The step's output, sequence by sequence").
 STEP_OUTPUT_DIFFERENCE = 0.05
 HEADLINE = "geometric mean over points"
 
