@@ -3,27 +3,23 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils import timezone
 
+from config.admin_lookups import RefusesLookupsOn
 from research.models import ApiToken
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(RefusesLookupsOn, admin.ModelAdmin):
     """Tokens are seen and revoked here, never made (a token made here could not be shown
     to its owner) nor deleted (results name the token they were imported with)."""
 
+    # ?key_hash__startswith=4 told the hash a digit at a time.
+    hidden_fields = ("key_hash",)
     list_display = ["name", "user", "prefix", "host", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["name", "prefix", "host", "user__username"]
     exclude = ["key_hash"]
     readonly_fields = ["user", "name", "prefix", "host", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
-
-    def lookup_allowed(self, lookup: str, value: str, request=None) -> bool:
-        # The admin accepts a filter on any field in the URL: ?key_hash__startswith=4
-        # told the hash a digit at a time.
-        if lookup.split("__")[0] == "key_hash":
-            return False
-        return super().lookup_allowed(lookup, value, request)
 
     def has_add_permission(self, request) -> bool:
         return False

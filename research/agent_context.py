@@ -74,23 +74,31 @@ def quoted(text: str) -> list[str]:
     return [fence + "text", text.strip("\n"), fence]
 
 
+def _one_line(text: object, limit: int = 300) -> str:
+    """Uploaded text (a profile's kernel names, its notes) as one line that cannot close
+    a code span: a name holding newlines once wrote a "## Constraints" section of its own
+    into the context."""
+    return " ".join(str(text).split())[:limit].replace("`", "'")
+
+
 def _evidence_lines(summary: dict | None) -> list[str]:
     if not summary:
         return ["No profile was uploaded with this thesis."]
     lines = []
     if summary.get("bottleneck"):
-        lines.append(f"- Bottleneck class: **{summary['bottleneck']}** — {summary.get('reason', '')}".rstrip(" —"))
-    lines.append(f"- Profile format: {summary.get('format', 'unknown')}")
+        lines.append(f"- Bottleneck class: **{_one_line(summary['bottleneck'])}** — "
+                     f"{_one_line(summary.get('reason', ''))}".rstrip(" —"))
+    lines.append(f"- Profile format: {_one_line(summary.get('format', 'unknown'))}")
     top = summary.get("top_kernels") or []
     if top:
         lines.append("- Top kernels by GPU time:")
         for kernel in top[:8]:
             share = kernel.get("share")
-            name = str(kernel.get("name", ""))[:120].replace("`", "'")  # cannot close its code span
+            name = _one_line(kernel.get("name", ""), limit=120)
             lines.append(f"  - `{name}`: {kernel.get('total_ms', 0):.3f} ms, "
                          f"{kernel.get('calls', 0)} calls"
                          + (f", {100 * share:.0f}% of the time" if isinstance(share, (int, float)) else ""))
-    lines += [f"- Note: {note}" for note in summary.get("notes") or []]
+    lines += [f"- Note: {_one_line(note)}" for note in summary.get("notes") or []]
     return lines
 
 

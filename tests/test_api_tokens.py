@@ -81,7 +81,8 @@ def test_a_gpu_hosts_token_takes_the_permission_to_import(logged_in_client, user
 
 def test_bad_input_gets_a_clear_error_and_nothing_is_made(logged_in_client):
     for fields, said in [({"name": ""}, "This field is required."), ({"name": "x" * 101}, "at most 100"),
-                         ({"name": "laptop\u202e"}, "U+202E RIGHT-TO-LEFT OVERRIDE")]:
+                         ({"name": "laptop\u202e"}, "U+202E RIGHT-TO-LEFT OVERRIDE"),
+                         ({"name": "two\nlines"}, "U+000A"), ({"name": "ws\u3164x"}, "U+3164 HANGUL FILLER")]:
         status, page = _make(logged_in_client, **fields)
         assert status == 422 and said in page.replace("Ensure this value has at most 100", "at most 100")
     assert not ApiToken.objects.exists()

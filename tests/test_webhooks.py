@@ -346,3 +346,18 @@ def test_deliveries_go_to_a_queue_of_their_own_apart_from_evaluations():
 
     assert queue_of(send_delivery) == queue_of(deliver_due) == "webhooks"
     assert queue_of(evaluate_candidate, queue="runner.cpu") == "runner.cpu"
+
+
+@pytest.mark.django_db
+def test_the_admin_never_tells_a_secret_through_its_filters(make_endpoint):
+    """?secret__startswith=whsec_S answered one row or none: the secret a character at a time."""
+    from django.test import Client
+
+    endpoint = make_endpoint()
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("root", "", "x"))
+    for guess in (endpoint.secret[:7], "whsec_?", endpoint.secret):
+        for lookup in ("secret__startswith", "secret", "owner__webhook_endpoints__secret__startswith"):
+            filtered = admin.get("/admin/webhooks/endpoint/", {lookup: guess})
+            assert filtered.status_code == 400 and endpoint.url not in filtered.content.decode(), lookup
+    assert endpoint.url in admin.get("/admin/webhooks/endpoint/").content.decode()

@@ -2,15 +2,18 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from config.admin_lookups import RefusesLookupsOn
 from webhooks.models import Attempt, Delivery, Endpoint
 
 
 @admin.register(Endpoint)
-class EndpointAdmin(admin.ModelAdmin):
+class EndpointAdmin(RefusesLookupsOn, admin.ModelAdmin):
     list_display = ["url", "owner", "enabled", "disabled_reason", "created_at"]
     list_filter = ["enabled"]
-    # The secret is never displayed again after creation, not even to admins.
+    # The secret is never displayed again after creation, not even to admins, nor told
+    # a character at a time through the URL's filters (?secret__startswith=whsec_S).
     exclude = ["secret"]
+    hidden_fields = ("secret",)
     readonly_fields = ["secret_hint", "created_at"]
 
 
