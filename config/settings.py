@@ -266,6 +266,10 @@ E2E_COMMANDS = env_toml_strings("E2E_COMMANDS_FILE")
 # AGENT_TIME_LIMIT_S seconds (README, "An external coding agent").
 AGENT_COMMANDS = env_toml_table("AGENT_COMMANDS_FILE")
 AGENT_TIME_LIMIT_S = env_int("AGENT_TIME_LIMIT_S", 600)
+# Whether an agent's declared hosts may resolve to loopback or private addresses
+# (research/agent_egress.py). Never in production: the tests' stand-in for a model's API
+# listens on loopback.
+AGENT_EGRESS_ALLOW_PRIVATE = False
 
 LOGGING = {
     "version": 1,

@@ -36,7 +36,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from research import agent_jail, services, workspace
+from research import agent_egress, agent_jail, services, workspace
 from research.agent_context import CONTEXT_FILE, agent_context
 from research.events import event_append
 from research.hardware import HARDWARE
@@ -215,9 +215,22 @@ def _run_command(argv: list[str], *, cwd: Path, declared: agent_jail.Declaration
                  time_limit_s: float) -> str:
     """Run the agent in its jail, in a process group of its own; '' when it exited 0,
     else why not."""
+    egress = (agent_egress.Egress(declared.hosts, allow_private=settings.AGENT_EGRESS_ALLOW_PRIVATE)
+              if declared.hosts else None)
+    try:
+        return _run_jailed(argv, cwd=cwd, declared=declared, env=env, log=log, time_limit_s=time_limit_s,
+                           egress=egress)
+    finally:
+        if egress is not None:
+            egress.close()
+
+
+def _run_jailed(argv: list[str], *, cwd: Path, declared: agent_jail.Declaration, env: dict, log: Path,
+                time_limit_s: float, egress: agent_egress.Egress | None) -> str:
     try:
         jailed = agent_jail.command(argv, checkout=cwd, declared=declared,
-                                    env=agent_jail.environment(declared, env))
+                                    env=agent_jail.environment(declared, env),
+                                    egress=egress.socket_path if egress else None)
     except agent_jail.JailError as error:
         return f"the agent was not run: {error}"
     with open(log, "wb") as output:

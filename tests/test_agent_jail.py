@@ -140,8 +140,75 @@ def test_an_agent_runs_as_a_user_of_its_own_with_only_its_declared_environment(m
     assert "pid=2" in report or "pid=1" in report  # the first processes of a namespace of its own
 
 
+def _echo_server() -> socket.socket:
+    """A stand-in for a model's API: answers every connection with what it was sent."""
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            with client:
+                client.sendall(b"echo " + client.recv(64))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def test_a_networked_agent_reaches_its_declared_host_and_never_the_workers_loopback(
+        make_thesis, user, settings, quiet, outside):
+    """With `network = true` an agent shared the worker's network: it read the password
+    hashes from PostgreSQL on 127.0.0.1 and made its user a superuser. Now it has only
+    its own loopback, and a proxy to the hosts it declares."""
+    _, broker = outside
+    api = _echo_server()
+    try:
+        declared = api.getsockname()[1]
+        # The stand-in listens on loopback, which the proxy would otherwise refuse (below).
+        settings.AGENT_EGRESS_ALLOW_PRIVATE = True
+        settings.AGENT_COMMANDS = {"scripted": {"command": _command(f"egress:{broker}:{declared}"),
+                                                "hosts": [f"127.0.0.1:{declared}"]}}
+        settings.AGENT_TIME_LIMIT_S = 60
+        sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
+                                     strategy="agent", budget=1, agent_command="scripted")
+        claimed, number = agents._proposal_claim(sweep_id=sweep.pk, task_id="jail")
+        proposal = agents.proposal_run(sweep=claimed, proposal_number=number)
+    finally:
+        api.close()
+    assert proposal.refusal == "", proposal.refusal
+    report = next(line for line in proposal.source.splitlines() if line.startswith("# egress:"))
+    assert report == "# egress: broker directly: refused; broker through the proxy: 403; declared host: 200, then echo ping"
+
+
+def test_the_egress_proxy_refuses_a_declared_host_that_resolves_to_loopback():
+    """A declared name that resolves inside (localhost, a rebinding name) is no way in."""
+    from research.agent_egress import Egress
+
+    api = _echo_server()
+    egress = Egress((f"localhost:{api.getsockname()[1]}",))
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(egress.socket_path))
+            client.sendall(f"CONNECT localhost:{api.getsockname()[1]} HTTP/1.1\r\n\r\n".encode())
+            answer = client.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 403 ") and "loopback" in answer
+        assert any("loopback" in refusal for refusal in egress.refusals)
+    finally:
+        egress.close()
+        api.close()
+    assert not egress.socket_path.exists()
+
+
 @pytest.mark.parametrize(("value", "message"), [
     (["not", "a", "table"], "a command line or a table"),
+    ({"command": "x", "network": True}, "name what it may reach instead"),
+    ({"command": "x", "hosts": ["api.example.com"]}, "`hosts` must be a list of \"host:port\""),
+    ({"command": "x", "hosts": ["api.example.com:99999"]}, "`hosts` must be a list"),
+    ({"command": "x", "hosts": ["a b:443"]}, "`hosts` must be a list"),
     ({"command": "x", "netwrok": True}, "unknown keys netwrok"),
     ({"command": ""}, "`command` must be a non-empty string"),
     ({"command": "x", "read": ["relative/path"]}, "`read` must be a list of absolute paths"),

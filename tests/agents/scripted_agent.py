@@ -120,6 +120,38 @@ def probe(kernel: Path, port: int, target: Path) -> None:
     kernel.write_text(kernel.read_text().rstrip("\n") + f"\n\n# probe: {'; '.join(found) or 'nothing'}\n")
 
 
+def _through_proxy(host_port: str, payload: bytes) -> str:
+    """CONNECT through HTTPS_PROXY as an HTTPS client would, then send `payload`."""
+    proxy = os.environ.get("HTTPS_PROXY", "")
+    if not proxy.startswith("http://"):
+        return "no proxy"
+    address, port = proxy[len("http://"):].rstrip("/").rsplit(":", 1)
+    try:
+        with socket.create_connection((address, int(port)), timeout=5) as tunnel:
+            tunnel.sendall(f"CONNECT {host_port} HTTP/1.1\r\nHost: {host_port}\r\n\r\n".encode())
+            answer = tunnel.recv(4096).decode("latin-1")
+            status = answer.split(" ", 2)[1] if answer.startswith("HTTP/") else "no answer"
+            if status != "200":
+                return status
+            tunnel.sendall(payload)
+            return "200, then " + tunnel.recv(4096).decode("latin-1", "replace")
+    except OSError as error:
+        return f"failed ({type(error).__name__})"
+
+
+def egress(kernel: Path, broker: int, declared: int) -> None:
+    """What a networked agent reaches: the broker on the worker's loopback, directly and
+    through the proxy, and the host its declaration names."""
+    try:
+        socket.create_connection(("127.0.0.1", broker), timeout=2).close()
+        direct = "reached"
+    except OSError:
+        direct = "refused"
+    found = [f"broker directly: {direct}", f"broker through the proxy: {_through_proxy(f'127.0.0.1:{broker}', b'')}",
+             f"declared host: {_through_proxy(f'127.0.0.1:{declared}', b'ping')}"]
+    kernel.write_text(kernel.read_text().rstrip("\n") + f"\n\n# egress: {'; '.join(found)}\n")
+
+
 def link(kernel: Path, target: Path) -> None:
     folder = kernel.parent
     os.rename(folder, f"{folder}.moved")
@@ -170,6 +202,9 @@ def main() -> int:
         probe(kernel, int(port), Path(target))
     elif mode.startswith("link:"):
         link(kernel, Path(mode[5:]))
+    elif mode.startswith("egress:"):
+        broker, declared = mode[7:].split(":")
+        egress(kernel, int(broker), int(declared))
     elif mode == "whoami":
         kernel.write_text(kernel.read_text().rstrip("\n") + f"\n\n# whoami: uid={os.getuid()} "
                           f"pid={os.getpid()} env={','.join(sorted(os.environ))}\n")
