@@ -229,7 +229,7 @@ def test_an_archived_thesis_leaves_the_dashboard_and_takes_no_sweep_until_restor
     stranger.force_login(_other_user("mallory"))
     assert stranger.post(reverse("thesis_archive", args=[thesis.pk])).status_code == 403
     page = logged_in_client.post(reverse("thesis_archive", args=[thesis.pk]), follow=True).content.decode()
-    assert 'id="archived"' in page and "closed to new sweeps" in page
+    assert 'id="archived"' in page and "closed to new sweeps" in page and 'id="sweeps-closed"' in page
     def listed(**query) -> bool:
         theses = logged_in_client.get(reverse("dashboard"), query).content.decode().split("<h2>Recent sweeps</h2>")[0]
         return "An idea that did not pan out" in theses
