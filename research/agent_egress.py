@@ -22,6 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from research.agent_forward import pipe_both_ways
 from webhooks import outbound
 
 PROXY_PORT = 3128
@@ -88,7 +89,7 @@ class Egress:
                     upstream.sendall(rest)
                 client.settimeout(None)
                 upstream.settimeout(None)
-                _pipe_both_ways(client, upstream)
+                pipe_both_ways(client, upstream)
 
     def _refuse(self, client: socket.socket, status: int, why: str) -> None:
         self.refusals.append(why)
@@ -112,22 +113,3 @@ def _read_head(client: socket.socket) -> tuple[str, bytes] | None:
         data += chunk
     head, rest = data.split(b"\r\n\r\n", 1)
     return head.split(b"\r\n", 1)[0].decode("latin-1"), rest
-
-
-def _pipe_both_ways(one: socket.socket, other: socket.socket) -> None:
-    def copy(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            try:
-                sink.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    back = threading.Thread(target=copy, args=(other, one), daemon=True)
-    back.start()
-    copy(one, other)
-    back.join()

@@ -29,6 +29,15 @@ def _copy(source, sink):
             pass
 
 
+def pipe_both_ways(one, other):
+    """Bytes from each socket to the other until both have ended (the egress proxy's
+    pipe too: research/agent_egress.py)."""
+    back = threading.Thread(target=_copy, args=(other, one), daemon=True)
+    back.start()
+    _copy(one, other)
+    back.join()
+
+
 def _forward(client, path):
     with client:
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -38,10 +47,7 @@ def _forward(client, path):
             upstream.close()
             return
         with upstream:
-            back = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
-            back.start()
-            _copy(client, upstream)
-            back.join()
+            pipe_both_ways(client, upstream)
 
 
 def _serve(listener, path):
