@@ -115,6 +115,20 @@ def refuse_hidden_characters(field: str, text: str) -> None:
                                       f"around them: {', '.join(hidden)}"})
 
 
+def _thesis_text_problems(title: str, idea: str) -> dict[str, list[str]]:
+    """What is wrong with a thesis's title and idea, by field (empty when nothing is)."""
+    problems: dict[str, list[str]] = {}
+    if not title.strip():
+        problems["title"] = ["a thesis needs a title"]
+    try:
+        refuse_hidden_characters("title", title)
+    except ValidationError as error:
+        problems.setdefault("title", []).extend(error.message_dict["title"])
+    if not idea.strip():
+        problems["idea"] = ["say what the idea is"]
+    return problems
+
+
 def thesis_submit(
     *,
     author,
@@ -145,11 +159,8 @@ def thesis_submit(
         problems.setdefault(field, []).append(message)
 
     title = title.strip()
-    if not title:
-        refuse("title", "a thesis needs a title")
-    checked(lambda: refuse_hidden_characters("title", title))
-    if not idea.strip():
-        refuse("idea", "say what the idea is")
+    for field, messages in _thesis_text_problems(title, idea).items():
+        problems.setdefault(field, []).extend(messages)
     if hardware not in HARDWARE:
         refuse("hardware", f"unknown hardware {hardware!r}")
     if required_dsl not in dict(KERNEL_DSLS):
@@ -201,11 +212,9 @@ def thesis_edit(*, thesis: Thesis, edited_by, title: str, idea: str, forbidden_c
         raise ValidationError("a sweep has started from this thesis: it is what its candidates were "
                               "judged under, so it stays as it is (file a new thesis instead)", code="started")
     title, idea = title.strip(), idea.strip()
-    if not title:
-        raise ValidationError({"title": "a thesis needs a title"})
-    refuse_hidden_characters("title", title)
-    if not idea:
-        raise ValidationError({"idea": "say what the idea is"})
+    problems = _thesis_text_problems(title, idea)
+    if problems:
+        raise ValidationError(problems)
     thesis.title, thesis.idea, thesis.forbidden_changes = title, idea, forbidden_changes.strip()
     thesis.save(update_fields=["title", "idea", "forbidden_changes"])
     return thesis
