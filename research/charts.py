@@ -10,6 +10,8 @@ import html
 import math
 from typing import Any
 
+from research.evidence import kernel_label
+
 Figure = dict[str, Any]
 
 
@@ -30,15 +32,19 @@ LAYOUT = {
 
 
 def evidence_kernel_time_figure(summary: dict) -> Figure:
-    """Horizontal bars of GPU time per kernel, largest on top."""
+    """Horizontal bars of GPU time per kernel, largest on top. Bars sit at positions,
+    one per kernel, labelled by `kernel_label`: keyed by a shortened name, two
+    instantiations of one template (three `vectorized_elementwise_kernel<…>` in a
+    real trace) stacked into one bar. The hover names the kernel in full."""
     kernels = list(reversed(summary.get("top_kernels", [])))
+    positions = list(range(len(kernels)))
     return {
         "data": [
             {
                 "type": "bar",
                 "orientation": "h",
                 "x": [k["total_ms"] for k in kernels],
-                "y": [plotly_text(_short(k["name"])) for k in kernels],
+                "y": positions,
                 "customdata": [[k["calls"], round(100 * k["share"], 1), plotly_text(k["name"])] for k in kernels],
                 "hovertemplate": "%{customdata[2]}<br>%{x:.3f} ms in %{customdata[0]} calls"
                 " (%{customdata[1]}%)<extra></extra>",
@@ -48,8 +54,11 @@ def evidence_kernel_time_figure(summary: dict) -> Figure:
         "layout": {
             **LAYOUT,
             "height": max(220, 28 * len(kernels) + 80),
-            "margin": {**LAYOUT["margin"], "l": 260},
             "xaxis": {"title": {"text": "GPU time (ms)"}},
+            # automargin widens the left margin to the longest label instead of
+            # clipping it at the card's edge.
+            "yaxis": {"tickmode": "array", "tickvals": positions, "automargin": True,
+                      "ticktext": [plotly_text(kernel_label(k["name"])) for k in kernels]},
         },
     }
 
@@ -94,7 +103,3 @@ def sweep_speedup_figure(workload_names: list[str], points: list[tuple[int, int,
                 "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"color": "#667085"}}],
         },
     }
-
-
-def _short(name: str, limit: int = 48) -> str:
-    return name if len(name) <= limit else name[: limit - 1] + "…"

@@ -390,7 +390,7 @@ def _parse_csv(text: str) -> _Profile:
 
 
 def _parse_table(fmt: _CsvFormat, header: list[str], lines: list[str]) -> _Profile:
-    rows, skipped = _table_rows(header, lines)
+    rows, skipped = _table_rows(header, lines, fmt.columns)
     if fmt is NCU_DETAILS:
         profile = _ncu_profile(rows)
     elif fmt is NSYS_KERNEL_SUMMARY:
@@ -405,18 +405,23 @@ def _parse_table(fmt: _CsvFormat, header: list[str], lines: list[str]) -> _Profi
 _Rows = list[tuple[int, dict[str, str]]]
 
 
-def _table_rows(header: list[str], lines: list[str]) -> tuple[_Rows, int]:
-    """Rows as (offset after the header, column -> cell); rows of another width are
-    counted, not read: the tools may print more of their own lines after the table."""
+def _table_rows(header: list[str], lines: list[str], needed: tuple[str, ...]) -> tuple[_Rows, int]:
+    """Rows as (offset after the header, column -> cell). A row may be shorter than the
+    header: ncu 2025 writes its metric rows with 16 cells under a 20-column header (the
+    rule columns left off) and its rule rows whole, so a row is read when it reaches
+    every column the format needs, its missing cells empty. Rows wider than the header
+    or too short are counted, not read: the tools print lines of their own after it."""
     rows: _Rows = []
     skipped = 0
+    reach = max(header.index(column) for column in needed) + 1
     for offset, cells in enumerate(csv.reader(lines)):
         if not any(cell.strip() for cell in cells):
             continue
-        if len(cells) != len(header):
+        if not reach <= len(cells) <= len(header):
             skipped += 1
             continue
-        rows.append((offset, dict(zip(header, (cell.strip() for cell in cells)))))
+        padded = [cell.strip() for cell in cells] + [""] * (len(header) - len(cells))
+        rows.append((offset, dict(zip(header, padded))))
     return rows, skipped
 
 
@@ -636,9 +641,13 @@ def _throughput_bound(profile: _Profile, total_us: float) -> tuple[Bottleneck, s
 # Matched against lower-cased kernel names, compute first: "gemm_relu" is a GEMM with
 # a fused epilogue. The lookarounds keep "gamma" from reading as mma, "convert" as a
 # convolution and "_mm_" apart from other words.
+# Vendor families by prefix: cuBLASLt's Hopper GEMMs are `nvjet_sm90_…`, cuDNN's fused
+# attention `cudnn_generated_fort_native_sdpa_…`, CUTLASS's `cutlass_…`/`cutlass::…`,
+# DeepGEMM's `fp8_gemm`/`fp8_mqa_logits`, FlashMLA's `flash_mla`.
 COMPUTE_KERNEL_PATTERN = re.compile(
-    r"gemm|(?<![a-z])(?:wg|x|h|i)?mma|matmul|(?<![a-z])b?mm(?![a-z])|conv(?!ert)"
-    r"|attention|attn|flash|fmha|triton_tem"
+    r"gemm|(?<![a-z])(?:wg|x|h|i|w)?mma|matmul|(?<![a-z])b?mm(?![a-z])|conv(?!ert)"
+    r"|attention|attn|flash|fmha|sdpa|mqa_logits|(?<![a-z])mla(?![a-z])|triton_tem"
+    r"|(?<![a-z])nvjet_|(?<![a-z])cutlass|(?<![a-z])cublas"
 )
 MEMORY_KERNEL_PATTERN = re.compile(
     r"elementwise|copy|memcpy|memset|reduce|reduction|norm|softmax|relu|gelu|silu"
@@ -670,6 +679,63 @@ def _bound_by_kernel_names(profile: _Profile, total_us: float) -> tuple[Bottlene
         f"{memory:.0%} of GPU time is in memory-bound kernels by name (elementwise, copy, "
         f"reduce, norm) vs {compute:.0%} in compute ones"
     )
+
+
+# --- labels for charts --------------------------------------------------------------
+
+LABEL_WIDTH = 56
+# What a C++ kernel name carries that tells two kernels apart least: the return type,
+# namespaces, parameter lists (the kernel's own and its lambdas'), lambda and operator
+# scopes, std::array<char *, N> pointer packs and numeric template arguments.
+_LABEL_NOISE = [
+    # Lambda scopes as ncu (`::[lambda() (instance 3)]`) and c++filt (`::{lambda()#1}`)
+    # print them, with the operator() they are called through.
+    (re.compile(r"::\[lambda[^\]]*\]|::\{lambda[^}]*\}|::operator\s*\(\)\s*\(\)\s*const"), ""),
+    (re.compile(r"(?<!\w)void\s+"), ""),
+    (re.compile(r"\(anonymous namespace\)::|<unnamed>::"), ""),
+    (re.compile(r"\([^()]*\)"), ""),
+    (re.compile(r"(?<![\w:])(?:[A-Za-z_]\w*::)+"), ""),
+    (re.compile(r",?\s*array<char\s*\*,\s*\d+\w*\s*>"), ""),
+    (re.compile(r"(?<=<)-?\d+\w*,\s*|,\s*-?\d+\w*(?=\s*[,>])"), ""),
+    (re.compile(r"\s+"), " "),
+    (re.compile(r"\s+(?=[>,*])|(?<=<)\s+"), ""),
+]
+
+
+def kernel_label(name: str, width: int = LABEL_WIDTH) -> str:
+    """A kernel's name short enough for a chart's axis, keeping what tells it apart:
+    `void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<
+    c10::BFloat16>, std::array<char*, 3ul> >(int, …)` reads `vectorized_elementwise_
+    kernel<CUDAFunctor_add<BFloat16>>`. Past `width` the middle gives way, never the
+    end (the template's last arguments are often what differs); labels may still
+    coincide, so a chart keys its bars by the full name."""
+    text = name.strip()
+    # Innermost parentheses first, until none is left: lambdas nest their signatures.
+    for pattern, replacement in _LABEL_NOISE:
+        previous = None
+        while previous != text:
+            previous, text = text, pattern.sub(replacement, text)
+    text = text.strip() or name.strip()
+    if len(text) > width:
+        text = _first_template_argument(text)
+    if len(text) <= width:
+        return text
+    tail = width // 2
+    return text[: width - tail - 1] + "…" + text[-tail:]
+
+
+def _first_template_argument(text: str) -> str:
+    """`kernel<A<x>, B, C>` -> `kernel<A<x>, …>`: the first argument is most often the
+    functor or policy that tells one instantiation from another."""
+    start = text.find("<")
+    if start < 0 or not text.endswith(">"):
+        return text
+    depth = 0
+    for index in range(start, len(text)):
+        depth += {"<": 1, ">": -1}.get(text[index], 0)
+        if depth == 1 and text[index] == ",":
+            return text[:index] + ", …>"
+    return text
 
 
 # --- small helpers -------------------------------------------------------------------

@@ -19,15 +19,24 @@ from research.evidence import (
     MAX_TEXT_BYTES,
     MAX_TOP_KERNELS,
     EvidenceError,
+    LABEL_WIDTH,
     EvidenceSummary,
+    kernel_label,
     parse_evidence,
 )
+from research.charts import evidence_kernel_time_figure
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "evidence"
 NCU_FIXTURE = FIXTURES / "ncu_details.csv"
 NSYS_FIXTURE = FIXTURES / "nsys_kern_sum.csv"
 TORCH_FIXTURE = FIXTURES / "torch_gpu_trace.json"
+# Real exports of bench/h200/profile_step.py on an H200 (bench/h200/profile_exports.sh):
+# `ncu --csv --page details` of ncu 2025.3.1 with its default sections, its ==PROF== lines
+# above the table, over the program's first 40 launches (weight init, the warm-up step);
+# and a torch.profiler trace of 3 steps. Both gzip-compressed as users upload them.
+H200_NCU = FIXTURES / "h200_ncu_details.csv.gz"
+H200_TORCH = FIXTURES / "h200_torch_trace.json.gz"
 FIXTURE_FORMATS = [
     pytest.param(path, fmt, id=fmt)
     for path, fmt in [
@@ -125,6 +134,72 @@ def test_it_reads_an_ncu_details_export_into_kernels_with_launch_counts() -> Non
     assert norm["calls"] == 1
     [silu] = [row for name, row in rows.items() if "silu" in name]
     assert silu["calls"] == 3
+
+
+def test_it_reads_a_real_ncu_2025_export_whose_metric_rows_are_shorter_than_its_header() -> None:
+    text = gzip.decompress(H200_NCU.read_bytes()).decode()
+    table = text[text.index('"ID",'):].splitlines()
+    widths = {len(row) for row in csv.reader(table[1:])}
+    assert len(next(csv.reader(table[:1]))) == 20 and widths == {16, 20}  # the shape that was refused
+
+    summary = parse_file(H200_NCU)
+
+    assert summary["format"] == "ncu-csv" and summary["kernel_count"] == 17
+    assert not any("skipped" in note or "without a Duration" in note for note in summary["notes"])
+    assert summary["top_kernels"][0]["name"] == "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    assert summary["top_kernels"][0]["calls"] == 4
+    # Every launch's Speed Of Light percentages count: the throughput decides, not names.
+    assert summary["bottleneck"] == "compute"
+    assert summary["reason"] == "kernels run at 65% of compute throughput vs 50% of memory (time-weighted)"
+
+
+def test_a_real_h200_torch_trace_counts_cublaslt_and_cudnn_kernels_as_compute() -> None:
+    summary = parse_file(H200_TORCH)
+
+    names = [row["name"] for row in summary["top_kernels"]]
+    assert names[0].startswith("nvjet_sm90_tst_") and names[1].startswith("cudnn_generated_fort_native_sdpa")
+    assert summary["bottleneck"] == "compute"
+    assert summary["reason"].startswith("84% of GPU time is in compute kernels")
+
+
+def test_a_row_too_short_to_reach_the_metric_value_is_skipped_and_counted() -> None:
+    data = ncu_csv([(GEMM, 100.0, 80.0, 20.0)]) + b'"7","1","python3"\n'
+    summary = parse_evidence(data)
+
+    assert summary["kernel_count"] == 1
+    assert "skipped 1 lines that don't fit the Nsight Compute table" in summary["notes"]
+
+
+def test_kernel_labels_keep_what_tells_two_instantiations_apart() -> None:
+    names = [row["name"] for row in parse_file(H200_TORCH)["top_kernels"]]
+    elementwise = [name for name in names if "vectorized_elementwise_kernel" in name]
+    labels = [kernel_label(name) for name in elementwise]
+
+    assert len(elementwise) == 2 and len(set(labels)) == 2
+    assert labels == ["vectorized_elementwise_kernel<launch_clamp_scalar>",
+                      "vectorized_elementwise_kernel<CUDAFunctor_add<BFloat16>>"]
+    assert all(len(kernel_label(name)) <= LABEL_WIDTH for name in names)
+    assert kernel_label("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_NNT") == "nvjet_sm90_tst_256x8_64x6_2x1_v_bz_NNT"
+    # ncu spells lambdas its own way; the function that owns them is what is left.
+    assert kernel_label(
+        "void at::unrolled_elementwise_kernel<at::direct_copy_kernel_cuda(at::TensorIteratorBase &)::"
+        "[lambda() (instance 3)]::operator ()() const::[lambda(float) (instance 1)], std::array<char *, 2>, 4, "
+        "TrivialOffsetCalculator<1, unsigned int>>(int, T1, T2)"
+    ) == "unrolled_elementwise_kernel<direct_copy_kernel_cuda, …>"
+
+
+def test_the_kernel_chart_draws_one_bar_per_kernel_even_where_labels_coincide() -> None:
+    twins = [("void k<at::native::Add<float>>(int)", 0.0, 30.0), ("void k<at::Add<float>>(long)", 40.0, 20.0)]
+    summary = parse_evidence(torch_trace(twins))
+    figure = evidence_kernel_time_figure(summary)
+    [bars] = figure["data"]
+
+    assert [kernel_label(name) for name, _, _ in twins] == ["k<Add<float>>", "k<Add<float>>"]
+    assert bars["x"] == [0.02, 0.03] and len(set(bars["y"])) == 2  # keyed by position, never stacked
+    assert figure["layout"]["yaxis"]["ticktext"] == ["k&lt;Add&lt;float&gt;&gt;"] * 2
+    assert figure["layout"]["yaxis"]["automargin"] is True
+    assert {row[2] for row in bars["customdata"]} == {
+        "void k&lt;at::native::Add&lt;float&gt;&gt;(int)", "void k&lt;at::Add&lt;float&gt;&gt;(long)"}
 
 
 def test_it_ranks_ncu_kernels_by_total_duration() -> None:
@@ -320,6 +395,13 @@ def test_without_throughput_metrics_kernel_names_decide() -> None:
     ("unrolled_elementwise_kernel_convert", "memory"),  # "convert" is not a convolution
     ("void at::native::(anonymous namespace)::CatArrayBatchedCopy", "memory"),
     ("my_custom_kernel", "unknown"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "compute"),  # cuBLASLt on Hopper
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", "compute"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<>>", "compute"),
+    ("cutlass_80_wmma_tensorop_bf16_s161616gemm", "compute"),
+    ("void deep_gemm::sm90_fp8_mqa_logits<64, 128>", "compute"),
+    ("void flash::flash_fwd_splitkv_mla_kernel<>", "compute"),
+    ("void at::native::reduce_kernel<512, 1>", "memory"),
 ])
 def test_kernel_names_sort_into_compute_and_memory_work(kernel: str, bottleneck: str) -> None:
     assert parse_evidence(nsys_csv([(kernel, 5_000_000, 10)]))["bottleneck"] == bottleneck
