@@ -8,7 +8,7 @@ from django.conf import settings
 from research.evidence import EvidenceError, check_evidence_size
 from research.hardware import HARDWARE_CHOICES, KERNEL_DSLS, MODEL_CONTEXTS
 from research.models import Sweep
-from research import proposers
+from research import held_uploads, proposers
 from research.agents import agent_commands
 from research.services import MAX_SWEEP_BUDGET, MAX_SWEEP_TIME_BUDGET_S, Upload
 from runners import ops
@@ -62,12 +62,27 @@ class ThesisForm(forms.Form):
     batch_sizes = IntListField(required=False, max_length=1000,
                                help_text="Blank for the op's defaults.")
 
-    def __init__(self, *args, **kwargs) -> None:
+    # The hidden field that names a profile held from a refused submit (held_uploads).
+    HELD_FIELD = "evidence_held"
+
+    def __init__(self, *args, user_id: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["op"].choices = [(name, name) for name in ops.list_ops()]
+        self.user_id = user_id
+        self.held: held_uploads.Held | None = None
+        self._held_token = ""
 
     def clean_evidence(self) -> Upload | None:
         upload = self.cleaned_data.get("evidence")
+        token = self.data.get(self.HELD_FIELD, "") if self.user_id is not None else ""
+        if not upload and token:
+            held = held_uploads.redeem(self.user_id, token)
+            if held is None:
+                raise forms.ValidationError(
+                    "the profile kept from your last submit is no longer held (it waits an hour): "
+                    "choose the file again")
+            self._held_token = token
+            return held
         if not upload:
             return None
         try:
@@ -78,6 +93,18 @@ class ThesisForm(forms.Form):
 
     def clean_allowed_paths(self) -> list[str]:
         return [line.strip() for line in self.cleaned_data["allowed_paths"].splitlines() if line.strip()]
+
+    def hold_evidence(self) -> None:
+        """After a refusal that was not the profile's fault: keep it for the next submit."""
+        upload = self.cleaned_data.get("evidence") if hasattr(self, "cleaned_data") else None
+        if not upload or self.user_id is None or self.has_error("evidence"):
+            return
+        self.held = (held_uploads.Held(self._held_token, upload.name, len(upload.data)) if self._held_token
+                     else held_uploads.hold(self.user_id, upload))
+
+    def release_evidence(self) -> None:
+        if self._held_token:
+            held_uploads.release(self.user_id, self._held_token)
 
 
 class ThesisEditForm(forms.Form):

@@ -47,14 +47,17 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @rate_limited("thesis-submit")
 def thesis_new(request: HttpRequest) -> HttpResponse:
-    form = ThesisForm(request.POST or None, request.FILES or None)
+    form = ThesisForm(request.POST or None, request.FILES or None, user_id=request.user.pk)
     if request.method == "POST" and form.is_valid():
         try:
             thesis = services.thesis_submit(author=request.user, **form.cleaned_data)
         except ValidationError as error:
             _add_errors(form, error)
         else:
+            form.release_evidence()
             return _redirect(request, thesis.get_absolute_url())
+    if form.errors:
+        form.hold_evidence()
     template = "research/thesis_form.html#form" if request.htmx else "research/thesis_form.html"
     status = 422 if form.errors else 200
     return render(request, template, {"form": form}, status=status)

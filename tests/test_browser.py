@@ -129,6 +129,27 @@ def _file_rmsnorm_thesis(page, title: str, idea: str) -> None:
     expect(page.locator("h1")).to_have_text(title)
 
 
+def test_a_refused_thesis_names_every_problem_and_keeps_its_profile(app, page, torch_trace):
+    _log_in_if_asked(app, page)
+    page.goto("/theses/new/")
+    page.fill("input[name=title]", "Rows in \u202eblocks")  # reorders the text after it
+    page.fill("textarea[name=idea]", "Blocks of rows.")
+    page.select_option("select[name=op]", "rmsnorm")
+    page.select_option("select[name=hardware]", "cpu")
+    page.set_input_files("input[name=evidence]", str(torch_trace))
+    page.fill("input[name=context_lengths]", "0")
+    page.click("#thesis-form button[type=submit]")
+
+    # Both problems at once, and the profile named as kept: nothing to choose again.
+    expect(page.locator(".has-error")).to_have_count(2)
+    expect(page.locator("#evidence-held")).to_contain_text("trace.json")
+    page.fill("input[name=title]", "Rows in blocks")
+    page.fill("input[name=context_lengths]", "64")
+    page.click("#thesis-form button[type=submit]")
+    expect(page.locator("h1")).to_have_text("Rows in blocks")
+    expect(page.locator("#top-kernels tbody tr").first).to_be_visible()
+
+
 def test_pausing_resuming_and_cancelling_a_sweep_shows_live_on_another_open_page(app, page):
     _log_in_if_asked(app, page)
     _file_rmsnorm_thesis(page, "Pause me", "A long sweep to pause.")

@@ -149,6 +149,51 @@ def test_an_unreadable_upload_is_reported_on_the_form(logged_in_client):
     assert not Thesis.objects.exists() and not Evidence.objects.exists()
 
 
+def _held_token(html: str) -> str:
+    return html.split('name="evidence_held" value="')[1].split('"')[0]
+
+
+def test_a_refused_submit_keeps_the_profile_for_the_next_one(logged_in_client, user):
+    upload = SimpleUploadedFile("kern_sum.csv", NSYS_CSV, content_type="text/csv")
+    refused = logged_in_client.post(reverse("thesis_new"), {**_form(title="bad\u202etitle"), "evidence": upload})
+    html = refused.content.decode()
+    assert refused.status_code == 422 and 'class="error"' in html
+    assert "Kept from your last submit: <strong>kern_sum.csv</strong>" in html
+    token = _held_token(html)
+
+    # Refused again with no file chosen: still held, under the same token.
+    again = logged_in_client.post(reverse("thesis_new"), {**_form(context_lengths="0"), "evidence_held": token})
+    assert again.status_code == 422 and _held_token(again.content.decode()) == token
+
+    filed = logged_in_client.post(reverse("thesis_new"), {**_form(), "evidence_held": token})
+    assert filed.status_code == 302
+    thesis = Thesis.objects.get()
+    assert thesis.evidence.filename == "kern_sum.csv" and thesis.evidence.summary["format"] == "nsys-csv"
+    # Used once: a second thesis cannot take it again.
+    reused = logged_in_client.post(reverse("thesis_new"), {**_form(), "evidence_held": token})
+    assert reused.status_code == 422 and "no longer held" in reused.content.decode()
+    assert Thesis.objects.count() == 1
+
+
+def test_a_held_profile_is_only_its_uploaders_and_a_bad_profile_is_never_held(logged_in_client, user):
+    from django.test import Client
+
+    upload = SimpleUploadedFile("kern_sum.csv", NSYS_CSV, content_type="text/csv")
+    token = _held_token(logged_in_client.post(
+        reverse("thesis_new"), {**_form(title=""), "evidence": upload}).content.decode())
+    other = Client()
+    other.force_login(_other_user("mallory"))
+    taken = other.post(reverse("thesis_new"), {**_form(), "evidence_held": token})
+    assert taken.status_code == 422 and "no longer held" in taken.content.decode()
+    assert not Thesis.objects.exists() and not Evidence.objects.exists()
+
+    junk = SimpleUploadedFile("trace.json", b"{not json", content_type="application/json")
+    refused = logged_in_client.post(reverse("thesis_new"), {**_form(title="bad\u202etitle"), "evidence": junk})
+    html = refused.content.decode()
+    assert refused.status_code == 422 and "not a PyTorch profiler trace" in html
+    assert 'name="evidence_held"' not in html
+
+
 def test_the_thesis_page_shows_the_top_kernels_chart_and_bottleneck(logged_in_client, user):
     thesis = services.thesis_submit(
         author=user, title="GEMM heavy", idea="# Heading\n<script>alert(1)</script>", op="rmsnorm",

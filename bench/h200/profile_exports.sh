@@ -18,8 +18,10 @@ timeout 300 ncu --csv --page details --clock-control none --launch-count 40 \
 echo "ncu exit $?: $(wc -l <"$OUT/h200_ncu_details.csv") lines"
 nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems*/bin/nsys /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -n 1)
 if [[ -n "$nsys" ]]; then
-  timeout 120 "$nsys" profile --force-overwrite true -o /tmp/step python3 bench/h200/profile_step.py --steps 2 \
-    >"$OUT/nsys.log" 2>&1
+  # CUDA tracing alone: a virtual machine gives nsys no CPU sampling or context-switch
+  # events, and asked for them it ended with "ShutdownRequest" and no report (2026-12-04).
+  timeout 120 "$nsys" profile --force-overwrite true --trace cuda --sample none --cpuctxsw none \
+    -o /tmp/step python3 bench/h200/profile_step.py --steps 2 >"$OUT/nsys.log" 2>&1
   for report in cuda_gpu_kern_sum cuda_gpu_trace; do
     timeout 60 "$nsys" stats --report $report --format csv --output "$OUT/h200_nsys" /tmp/step.nsys-rep \
       >>"$OUT/nsys.log" 2>&1
