@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, retarget
 
 from config.ratelimit import rate_limited
 from research import agent_context, api_tokens, charts, selectors, services, sweep_control, workers
@@ -210,10 +210,15 @@ def sweep_control_action(request: HttpRequest, sweep_id: int, action: str) -> Ht
         if error:
             messages.error(request, error)
         return redirect(sweep)
-    return render(request, "research/sweep_detail.html#control-response", {
+    response = render(request, "research/sweep_detail.html#control-response", {
         "sweep_id": sweep.pk, "status": sweep.status, "error": error,
         "actions": sweep_control.sweep_actions(sweep=sweep, user=request.user),
     }, status=422 if error else 200)
+    # The service's event reaches this page over its websocket, often before this answer,
+    # and swaps in new controls: the ones the request was sent from are then detached,
+    # and htmx, swapping into them, found no #sweep-status for the out-of-band status.
+    # Looked up again when the answer lands, the target is the controls on the page.
+    return retarget(response, "#sweep-controls")
 
 
 @login_required
