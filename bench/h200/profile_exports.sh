@@ -19,7 +19,10 @@ echo "ncu exit $?: $(wc -l <"$OUT/h200_ncu_details.csv") lines"
 nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems*/bin/nsys /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -n 1)
 if [[ -n "$nsys" ]]; then
   # CUDA tracing alone: a virtual machine gives nsys no CPU sampling or context-switch
-  # events, and asked for them it ended with "ShutdownRequest" and no report (2026-12-04).
+  # events, and asked for them it ended with "ShutdownRequest" and no report. The H200
+  # host's only nsys (2026-12-04) is the target-side copy inside Nsight Compute: it
+  # writes a .qdstrm and has no importer to turn it into the .nsys-rep `nsys stats`
+  # reads ("Unable to retrieve the importer version"), so no nsys CSV comes from there.
   timeout 120 "$nsys" profile --force-overwrite true --trace cuda --sample none --cpuctxsw none \
     -o /tmp/step python3 bench/h200/profile_step.py --steps 2 >"$OUT/nsys.log" 2>&1
   for report in cuda_gpu_kern_sum cuda_gpu_trace; do
