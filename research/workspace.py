@@ -3,7 +3,8 @@
 Every git call of the app is in this module. The repository is bare (nobody works in a
 checkout of it; `git clone` it to look around) and laid out as:
 
-    main                                  the kept kernels; every change is the seed or a keep
+    main                                  the kept kernels; every change is the seed, a keep
+                                          or the undo of one
       README.md                           what is here
       dispatch.json                       per op and hardware class, its kept kernels newest
                                           first, with the size range each one serves
@@ -69,6 +70,8 @@ Kept kernels of Kernel Lab. Written only by the app; clone it to read it.
 - `archive/<sweep>-<number>-r<revision>`: reverted candidates.
 - Merges into `main` are authored by the thesis author and carry a `Reviewed-by:`
   trailer naming the person who kept the kernel.
+- An undone keep is a commit of its own on `main`, authored by the reviewer who undid
+  it: the kernel from before that keep is back and its dispatch entry is gone.
 """
 
 
@@ -448,6 +451,42 @@ def merge_build(*, op: str, hardware: str, commit: str, base: str, entry: dict, 
     (merge,) = build([NewCommit(parents=[head, commit], files=files, message=message,
                                 author=author, committer=reviewer)])
     return Merge(commit=merge, previous_main=head, files=sorted(files))
+
+
+def undo_build(*, op: str, hardware: str, merge: str, commit: str, message: str,
+               author: Identity) -> Merge:
+    """A commit on main undoing the keep that `merge` made of candidate `commit`: every
+    file that keep changed back as it was before it (the kept file: the kernel kept
+    before, or the baseline), and its entry out of the op's dispatch list of `hardware`
+    only.
+
+    Refused unless that keep is still the newest entry of that list and main still holds
+    every file as the keep left it: restoring under a later change would leave a kernel
+    on main that no dispatch entry names, or throw that change away.
+    """
+    head = main_head()
+    info = commit_info(merge)
+    if len(info["parents"]) != 2 or info["parents"][1] != commit or not is_ancestor(merge, head):
+        raise WorkspaceConflict(f"{merge[:12]} is not the merge on {MAIN} that kept {commit[:12]}")
+    before = info["parents"][0]
+    table = dispatch_table(head)
+    entries = (table.get(op) or {}).get(hardware) or []
+    if not entries or entries[0].get("commit") != commit:
+        newest = (entries[0].get("candidate") or entries[0].get("kernel")) if entries else "nothing"
+        raise WorkspaceConflict(f"the newest {op} kernel on {hardware} in {DISPATCH_PATH} is {newest}, "
+                                f"not {commit[:12]}: undo the newer keep first")
+    files: dict[str, str | None] = {}
+    for file in changed_files(before, merge):
+        if file == DISPATCH_PATH:
+            continue
+        if read_file(head, file) != read_file(merge, file):
+            raise WorkspaceConflict(f"{file} changed on {MAIN} since the keep {merge[:12]}: undoing it "
+                                    "would throw that change away")
+        files[file] = read_file(before, file)
+    table[op][hardware] = entries[1:]
+    files[DISPATCH_PATH] = dispatch_json(table)
+    (undo,) = build([NewCommit(parents=[head], files=files, message=message, author=author, committer=author)])
+    return Merge(commit=undo, previous_main=head, files=sorted(files))
 
 
 def main_commit_with(file: str, content: str) -> str | None:

@@ -175,6 +175,8 @@ _STATES = {
     "no-gain": ("no gain", GREY, "circle-open", 7),
     "reverted": ("reverted", GREY, "diamond", 8),
     "waiting": ("awaiting review", WAITING_COLOUR, "circle", 9),
+    # Kept once, then a second reviewer undid the keep: no longer a kept kernel.
+    "undone": ("kept, then undone", GREY, "star-open", 13),
 }
 
 
@@ -185,7 +187,10 @@ def path_figure(points: Sequence[dict]) -> Figure:
 
     `points` come from reviews.selectors.path_points: x, y (None when not timed), op,
     hardware, state, label, candidate, thesis, speedup, when, url. A candidate that was never
-    timed (rejected before timing) sits on the x axis.
+    timed (rejected before timing) sits on the x axis. An undo of a keep is a point of its
+    own (state "undo", `undoes`: the kept point's x), drawn where it happened, at the
+    undone kernel's speedup; from there the running best drops back to the best keep
+    still standing.
     """
     traces: list[dict] = []
 
@@ -213,16 +218,21 @@ def path_figure(points: Sequence[dict]) -> Figure:
     last_x = max((p["x"] for p in points), default=0)
     for line, dash, colour in zip(lines, itertools.cycle(_OP_DASHES), itertools.cycle(_OP_COLOURS)):
         members = [p for p in points if (p["op"], p.get("hardware")) == line]
-        kept = [p for p in members if p["state"] == "kept" and p["y"] is not None]
+        steps = sorted((p for p in members if p["state"] in ("kept", "undone", "undo") and p["y"] is not None),
+                       key=lambda p: p["x"])
         first_x = min(p["x"] for p in members)
         op = f"{line[0]} on {line[1]}" if line[1] else line[0]
-        xs, ys, best = [first_x], [1.0], 1.0
-        for point in kept:
-            best = max(best, point["y"])
+        xs, ys, standing = [first_x], [1.0], {}
+        for point in steps:
+            # A keep stands from its point until an undo names it.
+            if point["state"] == "undo":
+                standing.pop(point["undoes"], None)
+            else:
+                standing[point["x"]] = point["y"]
             xs.append(point["x"])
-            ys.append(best)
+            ys.append(max([1.0, *standing.values()]))
         xs.append(last_x)
-        ys.append(best)
+        ys.append(ys[-1])
         traces.append({
             "type": "scatter", "mode": "lines", "name": "running best" if len(lines) == 1 else f"running best ({op})",
             "x": xs, "y": ys, "line": {"shape": "hv", "color": colour, "width": 2, "dash": dash},
@@ -243,6 +253,14 @@ def path_figure(points: Sequence[dict]) -> Figure:
                 marker={"color": colour, "symbol": symbol, "size": 15,
                         "line": {"color": colour if unverified else "#fff", "width": 1}},
             ))
+    undos = [p for p in points if p["state"] == "undo"]
+    if undos:
+        traces.append(marker_trace(
+            undos, "undo of a keep", mode="markers+text", text=[plotly_text(f"undo {p['candidate']}") for p in undos],
+            textposition=["bottom left" if 2 * p["x"] > last_x + 1 else "bottom right" for p in undos],
+            textfont={"color": LOSS_COLOUR, "size": 11},
+            marker={"color": LOSS_COLOUR, "symbol": "triangle-down", "size": 13, "line": {"color": "#fff", "width": 1}},
+        ))
     return {
         "data": traces,
         "layout": {

@@ -1,4 +1,7 @@
-"""Keep or revert: a person's decision on one revision of a candidate.
+"""Keep, revert or undo a keep: a person's decision on one revision of a candidate.
+
+Decisions are append-only: undoing a keep is a row of its own that names the keep it
+undoes, and the keep's row stays, so the path shows both.
 
 Four eyes are kept by the database, not only by the service: a review row names its
 reviewer next to the thesis author and the candidate's producer (who started the
@@ -43,6 +46,7 @@ class Review(models.Model):
     class Decision(models.TextChoices):
         KEEP = "keep", "Kept"
         REVERT = "revert", "Reverted"
+        UNDO = "undo", "Undone"
 
     candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="reviews")
     # The revision decided on: a new commit of the candidate dismisses this decision.
@@ -64,6 +68,11 @@ class Review(models.Model):
     # this review (by another reviewer) confirmed.
     unverified_request = models.OneToOneField(UnverifiedKeepRequest, null=True, blank=True,
                                               on_delete=models.PROTECT, related_name="review")
+    # An undo: the keep it undoes (one undo per keep), and the commit on main that
+    # restored the kernel from before that keep.
+    undoes = models.OneToOneField("self", null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="undone_by")
+    revert_commit = models.CharField(max_length=40, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -72,8 +81,14 @@ class Review(models.Model):
         constraints = [
             models.CheckConstraint(condition=~Q(reviewer=F("author")), name="review_reviewer_is_not_author"),
             models.CheckConstraint(condition=~Q(reviewer=F("producer")), name="review_reviewer_is_not_producer"),
-            models.UniqueConstraint(fields=["candidate", "revision"], name="review_one_decision_per_revision"),
-            models.CheckConstraint(condition=Q(decision__in=["keep", "revert"]), name="review_decision_known"),
+            # Keep or revert once per revision; an undo comes after its keep, on the same revision.
+            models.UniqueConstraint(fields=["candidate", "revision"], condition=~Q(decision="undo"),
+                                    name="review_one_decision_per_revision"),
+            models.CheckConstraint(condition=Q(decision__in=["keep", "revert", "undo"]),
+                                   name="review_decision_known"),
+            models.CheckConstraint(condition=Q(decision="undo", undoes__isnull=False)
+                                   | (~Q(decision="undo") & Q(undoes__isnull=True)),
+                                   name="review_undo_names_its_keep"),
             models.CheckConstraint(
                 condition=Q(dispatch_min__isnull=True) | Q(dispatch_max__isnull=True)
                 | Q(dispatch_min__lte=F("dispatch_max")),
@@ -87,6 +102,10 @@ class Review(models.Model):
     @property
     def is_keep(self) -> bool:
         return self.decision == self.Decision.KEEP
+
+    @property
+    def is_undo(self) -> bool:
+        return self.decision == self.Decision.UNDO
 
     @property
     def dispatch_text(self) -> str:

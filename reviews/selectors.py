@@ -109,18 +109,26 @@ def candidate_get(candidate_id: int) -> Candidate:
 
 
 def candidate_decision(candidate: Candidate) -> Review | None:
-    """The decision on the candidate's current revision, if any."""
-    return (candidate.reviews.select_related("reviewer").filter(revision=candidate.revision).first())
+    """The latest decision on the candidate's current revision, if any: an undo, once
+    its keep was undone (the keep is the undo's `undoes`)."""
+    return (candidate.reviews.select_related("reviewer", "undoes__reviewer")
+            .filter(revision=candidate.revision).first())
 
 
 def candidate_reviews(candidate: Candidate) -> list[Review]:
     return list(candidate.reviews.select_related("reviewer").order_by("-revision", "-created_at"))
 
 
+def _kept_now() -> Q:
+    """Keeps no later decision undid."""
+    return Q(decision=Review.Decision.KEEP, undone_by__isnull=True)
+
+
 def op_kept_history(op: str) -> list[Review]:
-    """Kept kernels of an op, newest first (the shipped baseline is below them all)."""
+    """Kept kernels of an op, newest first (the shipped baseline is below them all); an
+    undone keep is no longer one."""
     return list(
-        Review.objects.filter(decision=Review.Decision.KEEP, candidate__sweep__thesis__op=op)
+        Review.objects.filter(_kept_now(), candidate__sweep__thesis__op=op)
         .select_related("candidate__sweep__thesis", "reviewer", "author")
         .order_by("-created_at", "-id")
     )
@@ -129,7 +137,7 @@ def op_kept_history(op: str) -> list[Review]:
 def latest_kept(op: str, hardware: str, *, other_than: Candidate) -> Candidate | None:
     """The candidate whose keep made the newest kept kernel of `op` on `hardware`, other
     than `other_than`: what a candidate of that class is compared with."""
-    review = (Review.objects.filter(decision=Review.Decision.KEEP, candidate__sweep__thesis__op=op,
+    review = (Review.objects.filter(_kept_now(), candidate__sweep__thesis__op=op,
                                     candidate__sweep__hardware=hardware)
               .exclude(candidate=other_than).select_related("candidate").order_by("-created_at", "-id").first())
     return review.candidate if review else None
@@ -339,6 +347,8 @@ def end_to_end(result: dict | None) -> EndToEnd | None:
 def _state(candidate: Candidate, decision: str | None) -> str:
     if decision == Review.Decision.KEEP:
         return "kept"
+    if decision == Review.Decision.UNDO:
+        return "undone"
     if decision == Review.Decision.REVERT:
         return "reverted"
     if candidate.verdict == "win":
@@ -349,11 +359,14 @@ def _state(candidate: Candidate, decision: str | None) -> str:
 
 
 def path_points(*, thesis_id: int | None = None, op: str = "") -> list[dict]:
-    """Every evaluated candidate in the order its result came in, for the path chart.
+    """Every evaluated candidate in the order its result came in, for the path chart,
+    and every undo of a keep among them as a point of its own ("undo", half a step after
+    the last result that came in before it, naming the kept point it undoes in `undoes`).
 
     y is the geomean speedup over the op's shipped baseline: a candidate is timed
     against the kernel kept when its sweep started, so its own speedup is compounded
-    with the kept wins before that, and kept wins accumulate along the path.
+    with the kept wins before that, and kept wins accumulate along the path; a keep
+    undone before the sweep started is no longer part of that kernel.
     """
     candidates = (Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS)
                   .select_related("sweep__thesis"))
@@ -362,38 +375,59 @@ def path_points(*, thesis_id: int | None = None, op: str = "") -> list[dict]:
     if op:
         candidates = candidates.filter(sweep__thesis__op=op)
     candidates = list(candidates.order_by("finished_at", "id")[:PATH_LIMIT])
-    decisions = {
-        (review.candidate_id, review.revision): review
-        for review in Review.objects.filter(candidate__in=[c.pk for c in candidates])
-    }
-    # Kept wins compound per op and hardware class: each class keeps its own kernels.
-    keeps: dict[tuple[str, str], list[tuple[datetime, float]]] = {}
+    decisions: dict[tuple[int, int], Review] = {}
+    undos: list[Review] = []
+    # Oldest first, so an undo's row (after its keep's) is the one a candidate shows.
+    for review in (Review.objects.filter(candidate__in=[c.pk for c in candidates])
+                   .select_related("undoes").order_by("created_at", "id")):
+        decisions[(review.candidate_id, review.revision)] = review
+        if review.is_undo:
+            undos.append(review)
+    # Kept wins compound per op and hardware class: each class keeps its own kernels,
+    # each keep from its time until its undo, if any.
+    keeps: dict[tuple[str, str], list[tuple[datetime, datetime | None, float]]] = {}
     for review in (Review.objects.filter(decision=Review.Decision.KEEP)
-                   .select_related("candidate__sweep__thesis").order_by("created_at")):
+                   .select_related("candidate__sweep__thesis", "undone_by").order_by("created_at")):
         if review.candidate.geomean_speedup:
             sweep = review.candidate.sweep
+            undone = getattr(review, "undone_by", None)
             keeps.setdefault((sweep.thesis.op, sweep.hardware), []).append(
-                (review.created_at, review.candidate.geomean_speedup))
+                (review.created_at, undone.created_at if undone else None, review.candidate.geomean_speedup))
 
     points = []
     for x, candidate in enumerate(candidates, start=1):
         sweep, thesis = candidate.sweep, candidate.sweep.thesis
         review = decisions.get((candidate.pk, candidate.revision))
-        base = math.prod(s for when, s in keeps.get((thesis.op, sweep.hardware), []) if when < sweep.created_at)
+        base = math.prod(speedup for kept, undone, speedup in keeps.get((thesis.op, sweep.hardware), [])
+                         if kept < sweep.created_at and (undone is None or undone >= sweep.created_at))
         y = candidate.geomean_speedup * base if candidate.geomean_speedup else None
+        unverified = review.undoes if review and review.is_undo else review
         points.append({
             "x": x,
             "y": y,
             "op": thesis.op,
             "hardware": sweep.hardware,
             "state": _state(candidate, review.decision if review else None),
-            "unverified": bool(review and review.unverified_request_id),
+            "unverified": bool(unverified and unverified.unverified_request_id),
             "label": f"{sweep.kernel} {_short_params(candidate.params)}".strip(),
             "candidate": candidate.label,
             "thesis": thesis.title,
             "speedup": candidate.geomean_speedup,
             "when": candidate.finished_at.isoformat(timespec="seconds") if candidate.finished_at else "",
             "url": candidate.get_absolute_url(),
+        })
+    by_candidate = {(c.pk, c.revision): point for c, point in zip(candidates, points)}
+    for undo in undos:
+        undone = by_candidate.get((undo.candidate_id, undo.revision))
+        if undone is None:
+            continue  # a decision of an earlier revision: dismissed, like its keep
+        points.append({
+            **undone,
+            "x": sum(1 for c in candidates if c.finished_at and c.finished_at <= undo.created_at) + 0.5,
+            "state": "undo",
+            "undoes": undone["x"],
+            "label": f"undo of the keep of {undone['label']}",
+            "when": undo.created_at.isoformat(timespec="seconds"),
         })
     return points
 
@@ -439,12 +473,12 @@ def leaderboard(*, days: int | None, now: datetime | None = None) -> dict[str, l
     """Per engineer (the thesis author) and per op, over candidates evaluated in the period.
 
     Kept counts the candidates of the period that were kept (on their current
-    revision), so the hit rate, kept / tried, is over the same candidates. The
+    revision) and not undone, so the hit rate, kept / tried, is over the same candidates. The
     end-to-end speedup contributed is kept per hardware class.
     """
     candidates = Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS).annotate(
-        kept_now=Exists(Review.objects.filter(candidate=OuterRef("pk"), revision=OuterRef("revision"),
-                                              decision=Review.Decision.KEEP)))
+        kept_now=Exists(Review.objects.filter(_kept_now(), candidate=OuterRef("pk"),
+                                              revision=OuterRef("revision"))))
     if days is not None:
         candidates = candidates.filter(finished_at__gte=(now or timezone.now()) - timedelta(days=days))
     rows = candidates.values_list("sweep__thesis__author_id", "sweep__thesis__op", "sweep__hardware",

@@ -1,5 +1,6 @@
-"""Writes: a person keeps a candidate (merging it into the workspace's main line) or
-reverts it (archiving its branch).
+"""Writes: a person keeps a candidate (merging it into the workspace's main line),
+reverts it (archiving its branch), or undoes a keep (a commit on main that brings back
+the kernel kept before it).
 
 Both check the same things before anything is written: the permission to decide, four
 eyes (the reviewer neither filed the thesis nor produced the candidate; the database
@@ -14,6 +15,7 @@ from __future__ import annotations
 from django.apps import apps
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from research import workers, workspace
@@ -29,7 +31,8 @@ from reviews.verification import Verification, lab_measurement, verification
 MAX_COMMENT = 10_000
 
 
-def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) -> Candidate:
+def _locked_candidate(*, candidate: Candidate, reviewer) -> Candidate:
+    """The candidate, locked, once the reviewer may decide on it (permission, four eyes)."""
     if not reviewer.has_perm(DECIDE_PERMISSION):
         raise PermissionDenied("you may not keep or revert candidates: ask for the reviewer permission")
     candidate = (Candidate.objects.select_for_update()
@@ -39,6 +42,19 @@ def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) ->
         raise PermissionDenied("you filed this candidate's thesis: someone else must review it")
     if reviewer.pk == sweep.started_by_id:
         raise PermissionDenied("you produced this candidate (you started its sweep): someone else must review it")
+    return candidate
+
+
+def _saw_current_revision(candidate: Candidate, commit: str) -> None:
+    if commit != candidate.commit:
+        raise ValidationError(
+            f"the candidate has a new revision (r{candidate.revision}, commit {candidate.commit[:12]}) "
+            f"since you opened it at {commit[:12] or 'no commit'}: read the new one first", code="stale")
+
+
+def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) -> Candidate:
+    candidate = _locked_candidate(candidate=candidate, reviewer=reviewer)
+    sweep = candidate.sweep
     if candidate.verdict != "win" or candidate.status != Candidate.Status.DONE:
         raise ValidationError("only an evaluated win waits for a decision", code="not-waiting")
     if sweep.strategy == Sweep.Strategy.VERIFY:
@@ -46,10 +62,7 @@ def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) ->
         # would keep the import past its own gate, produced by whoever asked for the check.
         raise ValidationError(f"this run verifies candidate {sweep.verifies.label}: decide on that one",
                               code="not-waiting")
-    if commit != candidate.commit:
-        raise ValidationError(
-            f"the candidate has a new revision (r{candidate.revision}, commit {candidate.commit[:12]}) "
-            f"since you opened it at {commit[:12] or 'no commit'}: read the new one first", code="stale")
+    _saw_current_revision(candidate, commit)
     if candidate.reviews.filter(revision=candidate.revision).exists():
         raise ValidationError("this revision is already decided", code="decided")
     return candidate
@@ -93,7 +106,16 @@ def _details(review: Review, candidate: Candidate, measured: Candidate) -> dict:
                               for w in result.get("workloads") or []],
         "e2e": result.get("e2e"),
     }
-    if review.is_keep:
+    if review.is_undo:
+        keep = review.undoes
+        details["revert_commit"] = review.revert_commit
+        details["undone_keep"] = {
+            "merge_commit": keep.merge_commit, "reviewer": keep.reviewer.get_username(),
+            "kept_at": keep.created_at.isoformat(timespec="seconds"),
+            "dispatch_range": {"axis": keep.dispatch_axis or None, "min": keep.dispatch_min,
+                               "max": keep.dispatch_max},
+        }
+    elif review.is_keep:
         # False: an import two reviewers kept without a worker's measurement.
         details["verified"] = review.unverified_request_id is None
         details["merge_commit"] = review.merge_commit
@@ -309,4 +331,79 @@ def candidate_revert(*, candidate: Candidate, reviewer, commit: str, comment: st
                 workspace.RefUpdate(workspace.candidate_branch(sweep.pk, candidate.number), None,
                                     old=candidate.commit),
             ])
+    return review
+
+
+def _undo_message(candidate: Candidate, keep: Review, review: Review) -> str:
+    sweep, thesis = candidate.sweep, candidate.sweep.thesis
+    # The entry below the keep's own in its dispatch list: what the kept file held before.
+    below = workspace.dispatch_entries(thesis.op, sweep.hardware, keep.merge_commit)[1:2]
+    previous = (f"candidate {below[0].get('candidate')}'s {below[0].get('kernel')}"
+                if below and below[0].get("commit") else "the shipped baseline")
+    return "\n".join([
+        f"Undo the keep of {thesis.op} candidate {candidate.label} on {sweep.hardware}",
+        "",
+        f"This reverts commit {keep.merge_commit}, the keep of candidate commit {candidate.commit}",
+        f"(revision {candidate.revision}) by {keep.reviewer.get_username()} for {keep.dispatch_text}.",
+        f"{workspace.kept_path(thesis.op, sweep.hardware)} is {previous} again; its dispatch entry is removed.",
+        "",
+        review.comment,
+    ])
+
+
+def _newer_keep(keep: Review) -> Review | None:
+    """A keep of the same op and hardware class made after `keep` and not undone: the
+    kernel main serves there now, which an undo of `keep` would silently replace."""
+    sweep = keep.candidate.sweep
+    return (Review.objects.filter(decision=Review.Decision.KEEP, candidate__sweep__thesis__op=sweep.thesis.op,
+                                  candidate__sweep__hardware=sweep.hardware, undone_by__isnull=True)
+            .filter(Q(created_at__gt=keep.created_at) | Q(created_at=keep.created_at, pk__gt=keep.pk))
+            .select_related("candidate", "reviewer").order_by("-created_at", "-id").first())
+
+
+def candidate_undo(*, candidate: Candidate, reviewer, commit: str, comment: str) -> Review:
+    """Undo a keep: a new decision (the keep's row stays) and a commit on main, authored by
+    the reviewer, that brings back the op's kernel on that hardware class from before the
+    keep and removes the keep's dispatch entry; other classes are untouched. The same
+    four eyes as a keep; only the class's newest keep can be undone, and a reason is
+    required."""
+    comment = _clean_comment(comment)
+    if not comment:
+        raise ValidationError({"comment": [ValidationError("say why the keep is undone", code="required")]})
+    with workspace.lock(), transaction.atomic():
+        candidate = _locked_candidate(candidate=candidate, reviewer=reviewer)
+        _saw_current_revision(candidate, commit)
+        keep = (candidate.reviews.filter(revision=candidate.revision, decision=Review.Decision.KEEP)
+                .select_related("reviewer", "candidate__sweep__thesis").first())
+        if keep is None:
+            raise ValidationError("only a kept candidate can be undone", code="not-kept")
+        undone = Review.objects.filter(undoes=keep).select_related("reviewer").first()
+        if undone is not None:
+            raise ValidationError(f"this keep was already undone by {undone.reviewer.get_username()} "
+                                  f"on {undone.created_at:%Y-%m-%d %H:%M}", code="decided")
+        newer = _newer_keep(keep)
+        if newer is not None:
+            raise ValidationError(
+                f"candidate {newer.candidate.label} was kept after it on {candidate.sweep.hardware} "
+                f"(by {newer.reviewer.get_username()}, merge {newer.merge_commit[:12]}) and is the kernel "
+                "main serves there now: undo that keep first", code="not-current")
+        sweep, thesis = candidate.sweep, candidate.sweep.thesis
+        review = Review(
+            candidate=candidate, commit=candidate.commit, revision=candidate.revision,
+            decision=Review.Decision.UNDO, reviewer=reviewer, author=thesis.author,
+            producer=sweep.started_by, comment=comment, undoes=keep,
+            dispatch_axis=keep.dispatch_axis, dispatch_min=keep.dispatch_min, dispatch_max=keep.dispatch_max,
+        )
+        try:
+            undo = workspace.undo_build(
+                op=thesis.op, hardware=sweep.hardware, merge=keep.merge_commit, commit=candidate.commit,
+                message=_undo_message(candidate, keep, review),
+                author=workspace.identity_of(reviewer))
+        except workspace.WorkspaceConflict as conflict:
+            raise ValidationError(str(conflict), code="conflict") from conflict
+        review.revert_commit = undo.commit
+        review.save()
+        _notify(type="candidate.undone", review=review, candidate=candidate)
+        transaction.on_commit(publish_queue_changed)
+        workspace.publish([workspace.RefUpdate(workspace.MAIN, undo.commit, old=undo.previous_main)])
     return review

@@ -20,11 +20,12 @@ from research.markdown import render_markdown
 from research.models import Candidate
 from reviews import charts, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
+from reviews.models import Review
 from reviews.verification import lab_measurement, verification, verification_start
 from runners import ops
 
 QUEUE_PAGE = 200
-CONFLICT_CODES = {"stale", "decided", "conflict", "not-waiting", "no-commit"}
+CONFLICT_CODES = {"stale", "decided", "conflict", "not-waiting", "no-commit", "not-kept", "not-current"}
 
 
 @login_required
@@ -66,6 +67,9 @@ def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
                     candidate=candidate, reviewer=request.user, commit=data["commit"],
                     comment=data["comment"], dispatch_min=data["dispatch_min"],
                     dispatch_max=data["dispatch_max"])
+            elif data["decision"] == Review.Decision.UNDO:
+                services.candidate_undo(candidate=candidate, reviewer=request.user,
+                                        commit=data["commit"], comment=data["comment"])
             else:
                 services.candidate_revert(candidate=candidate, reviewer=request.user,
                                           commit=data["commit"], comment=data["comment"])
@@ -117,13 +121,26 @@ def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
         return False, "Only an evaluated win waits for a decision."
     if sweep.verifies_id:
         return False, "This run verifies an imported candidate: decide on that one."
+    return _four_eyes(user, candidate, "review its candidates", "review it")
+
+
+def _four_eyes(user, candidate: Candidate, on_thesis: str, on_candidate: str) -> tuple[bool, str]:
+    sweep = candidate.sweep
     if user.pk == sweep.thesis.author_id:
-        return False, "You filed this thesis: a colleague must review its candidates."
+        return False, f"You filed this thesis: a colleague must {on_thesis}."
     if user.pk == sweep.started_by_id:
-        return False, "You started this sweep, so you produced this candidate: a colleague must review it."
+        return False, f"You started this sweep, so you produced this candidate: a colleague must {on_candidate}."
     if not user.has_perm(services.DECIDE_PERMISSION):
         return False, "You do not have the permission to keep or revert candidates."
     return True, ""
+
+
+def _may_undo(user, candidate: Candidate, decision: Review | None) -> tuple[bool, str]:
+    """Whether the page offers to undo the keep (the service checks it all again, the
+    newest-keep rule included, and names the newer keep when it refuses)."""
+    if decision is None or not decision.is_keep:
+        return False, ""
+    return _four_eyes(user, candidate, "undo a keep of its candidates", "undo its keep")
 
 
 def _hidden_characters(candidate: Candidate) -> list[str]:
@@ -138,6 +155,7 @@ def _hidden_characters(candidate: Candidate) -> list[str]:
 def _decision_context(request: HttpRequest, candidate: Candidate, form: DecisionForm | None = None) -> dict:
     decision = selectors.candidate_decision(candidate)
     may_decide, why_not = _may_decide(request.user, candidate, decision is not None)
+    may_undo, why_not_undo = _may_undo(request.user, candidate, decision)
     imported = provenance.is_imported(candidate)
     check = verification(candidate) if imported else None
     # A verified import's range is proposed by the worker's run, never by the file.
@@ -154,8 +172,11 @@ def _decision_context(request: HttpRequest, candidate: Candidate, form: Decision
         "hidden_characters": _hidden_characters(candidate) if may_decide or form else [],
         # A CPU win of an op served on GPUs: revertable, never kept for speed.
         "speed_not_decided": services.speed_not_decided_here(candidate),
-        "may_decide": may_decide or form is not None,
+        # A refused undo comes back to the undo form (the decision stays the keep).
+        "may_decide": may_decide or (form is not None and decision is None),
         "why_not": why_not,
+        "may_undo": may_undo or (form is not None and decision is not None and decision.is_keep),
+        "why_not_undo": why_not_undo,
         "axis_name": (axis or "size").replace("_", " "),
         "proposed": proposed,
         "decision_form": form or DecisionForm(initial={

@@ -29,18 +29,28 @@ def app(tmp_path_factory):
         yield process
 
 
-def _create_waiting_win(app: AppProcess) -> int:
+def _in_app(app: AppProcess, code: str) -> str:
     """Runs as a command typed beside the quick start: only DATA_DIR says which
     installation, and the launcher's state there gives its database, workspace, embedded
-    Redis (password included) and site URL (config.launcher_state)."""
+    Redis (password included) and site URL (config.launcher_state). Its last line."""
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SITE_URL"}}
     env.update(DATA_DIR=str(app.data_dir))
     done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c",
-         "from tests.reviewing import create_waiting_win; print(create_waiting_win())"],
+        [sys.executable, "manage.py", "shell", "-c", code],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
     )
-    return int(done.stdout.strip().splitlines()[-1])
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _create_waiting_win(app: AppProcess, title: str = "Blocked rmsnorm stays in cache") -> int:
+    return int(_in_app(app, f"from tests.reviewing import create_waiting_win; print(create_waiting_win({title!r}))"))
+
+
+def _log_in(page, username: str, password: str) -> None:
+    page.goto("/reviews/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
 
 
 def _git(app: AppProcess, *args: str) -> str:
@@ -117,3 +127,61 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
     merge = _git(app, "log", "-1", "--format=%an%n%(trailers:key=Reviewed-by,valueonly)", "main").split("\n")
     assert merge[0] == "Ada Lovelace" and merge[1] == "admin <admin@kernel-lab.invalid>"
     assert '"min": 64' in _git(app, "show", "main:dispatch.json")
+
+
+def test_a_second_reviewer_undoes_a_keep_and_the_page_and_the_path_chart_show_it(app):
+    username, password = app.login()
+    candidate_id = _create_waiting_win(app, title="Rows in blocks, to be undone")
+    # A second reviewer with the permission (tests.reviewing.make_reviewer's password).
+    _in_app(app, "from tests.reviewing import make_reviewer; print(make_reviewer('linus').pk)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        keeper = browser.new_context(base_url=app.url).new_page()
+        undoer = browser.new_context(base_url=app.url).new_page()
+        page = keeper
+        try:
+            for page, (user, secret) in ((keeper, (username, password)), (undoer, ("linus", "pw-for-tests-only"))):
+                page.set_default_timeout(30_000)
+                _log_in(page, user, secret)
+                expect(page.locator("#review-count")).to_be_visible()
+
+            page = keeper
+            page.goto(f"/candidates/{candidate_id}/")
+            page.fill("textarea[name=comment]", "Faster at 64 tokens.")
+            page.click("#keep")
+            expect(page.locator("#decision-outcome")).to_contain_text("Kept")
+            # The keeper may undo too (four eyes are about the author and the producer);
+            # here the second reviewer does.
+            page = undoer
+            page.goto(f"/candidates/{candidate_id}/")
+            expect(page.locator("#undo-form")).to_be_visible()
+            page.fill("#undo-comment", "Slower in the serving engine at 64 tokens.")
+            page.click("#undo")
+            expect(page.locator("#decision-outcome")).to_contain_text("Undone")
+            expect(page.locator("#decision-outcome")).to_contain_text("linus")
+            expect(page.locator("#undo-outcome")).to_contain_text("back at the kernel kept before it")
+            expect(page.locator("#undone-keep")).to_contain_text(username)
+            expect(page.locator("#undo-form")).to_have_count(0)
+            # The summary at the top (outside the swapped decision) says so on the next load.
+            page.reload()
+            expect(page.locator("#glance-dispatch")).to_contain_text("was undone")
+            expect(page.locator("#decision-outcome")).to_contain_text("Undone")
+
+            page.click("a:text('Rows in blocks, to be undone')")
+            expect(page.locator("#path-chart .main-svg").first).to_be_attached()
+            traces = page.evaluate("document.getElementById('path-chart').data"
+                                   ".map(t => ({name: t.name, x: t.x, y: t.y}))")
+            by_name = {trace["name"]: trace for trace in traces}
+            assert by_name["kept, then undone"]["x"] == [1] and "kept" not in by_name
+            assert by_name["undo of a keep"]["x"] == [1.5]
+            best = by_name["running best"]["y"]
+            assert max(best) > 1 and best[-1] == 1.0  # up at the keep, back down at the undo
+            expect(page.locator("#path-chart .textpoint text", has_text="undo ").first).to_be_attached()
+        finally:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "browser-undo-last-page.png"), full_page=True)
+            browser.close()
+
+    undo = _git(app, "log", "-1", "--format=%an%n%B", "main")
+    assert undo.startswith("Linus Reviewer\nUndo the keep of rmsnorm candidate")
+    assert "Slower in the serving engine at 64 tokens." in undo

@@ -6,8 +6,9 @@ import pytest
 
 from reviews import selectors
 from reviews.charts import GREY, WIN_COLOUR, path_figure
-from reviews.services import candidate_keep, candidate_revert
-from tests.reviewing import make_thesis, record, recorded_result, start_sweep
+from reviews.charts import LOSS_COLOUR
+from reviews.services import candidate_keep, candidate_revert, candidate_undo
+from tests.reviewing import make_reviewer, make_thesis, record, recorded_result, start_sweep
 from tests.reviewing import no_enqueue, people, workspace_dir  # noqa: F401  (fixtures)
 
 
@@ -118,3 +119,41 @@ def test_text_users_wrote_is_shown_as_text_not_rendered_as_markup():
     sized = WorkloadRow(**{**row.__dict__, "size": 64})
     figure = speedup_figure([sized], "tokens", {"min": 64, "max": 64, "summary": "<img src=x>"})
     assert figure["layout"]["annotations"][0]["text"].endswith("&lt;img src=x&gt;")
+
+
+def test_an_undo_is_a_point_of_its_own_and_the_running_best_drops_back_there():
+    figure = path_figure([
+        _point(1, 1.2, "no-gain"), _point(2, 1.3, "kept"), _point(3, 1.1, "no-gain"), _point(4, 1.6, "undone"),
+        _point(4.5, 1.6, "undo") | {"undoes": 4, "candidate": "1-4"}, _point(5, 1.4, "waiting"),
+    ])
+    undo = _trace(figure, "undo of a keep")
+    assert undo["x"] == [4.5] and undo["y"] == [1.6] and undo["text"] == ["undo 1-4"]
+    assert undo["marker"]["color"] == LOSS_COLOUR and undo["marker"]["symbol"] == "triangle-down"
+    # The undone candidate is drawn apart from the kept ones.
+    assert _trace(figure, "kept, then undone")["x"] == [4] and _trace(figure, "kept")["x"] == [2]
+    best = _trace(figure, "running best")
+    assert best["x"] == [1, 2, 4, 4.5, 5] and best["y"] == [1.0, 1.3, 1.6, 1.3, 1.3]
+
+
+def test_undo_points_come_from_the_decisions_and_later_sweeps_compound_without_the_undone_keep(
+        people, workspace_dir, no_enqueue):
+    thesis = make_thesis(people.author)
+    sweep = start_sweep(thesis, people.producer, budget=2)
+    kept = record(sweep.candidates.get(number=1), recorded_result((1.5, 1.5, 1.5, 1.5)))
+    candidate_keep(candidate=kept, reviewer=people.reviewer, commit=kept.commit)
+    # Started while the keep stood: timed against it, so its 1.1x compounds to 1.65x.
+    during = record(start_sweep(thesis, people.producer, budget=1).candidates.get(),
+                    recorded_result((1.1, 1.1, 1.1, 1.1)))
+    candidate_undo(candidate=kept, reviewer=make_reviewer("linus"), commit=kept.commit, comment="slower in serving")
+    # Started after the undo: timed against the shipped baseline again.
+    after = record(start_sweep(thesis, people.producer, budget=1).candidates.get(),
+                   recorded_result((1.1, 1.1, 1.1, 1.1)))
+
+    points = selectors.path_points(thesis_id=thesis.pk)
+    assert [(p["x"], p["candidate"], p["state"]) for p in points] == [
+        (1, kept.label, "undone"), (2, during.label, "waiting"), (3, after.label, "waiting"),
+        (2.5, kept.label, "undo")]
+    assert [p["y"] for p in points] == pytest.approx([1.5, 1.65, 1.1, 1.5])
+    assert points[-1]["undoes"] == 1 and points[-1]["url"] == kept.get_absolute_url()
+    best = _trace(path_figure(points), "running best")
+    assert best["x"] == [1, 1, 2.5, 3] and best["y"] == pytest.approx([1.0, 1.5, 1.0, 1.0])

@@ -513,3 +513,200 @@ def test_the_admin_can_neither_change_nor_delete_a_decision(rf, people, waiting_
     review = Review.objects.get()
     assert not admin.has_delete_permission(request, review) and not admin.has_change_permission(request, review)
     assert "delete_selected" not in admin.get_actions(request)
+
+
+# -- undoing a keep --------------------------------------------------------------------
+
+def _keep(candidate, reviewer) -> Review:
+    return services.candidate_keep(candidate=candidate, reviewer=reviewer, commit=candidate.commit)
+
+
+def _undo(candidate, reviewer, comment: str = "Slower under load in the serving engine.", **fields) -> Review:
+    return services.candidate_undo(candidate=candidate, reviewer=reviewer,
+                                   commit=fields.pop("commit", candidate.commit), comment=comment)
+
+
+def _next_cpu_win(people, thesis, number: int = 1) -> Candidate:
+    """A win of a sweep started now (forked from, and timed against, main's kept kernel):
+    its `number`th grid point, so two such wins differ in their source."""
+    sweep = start_sweep(thesis, people.producer, budget=number)
+    return record(sweep.candidates.get(number=number), recorded_result())
+
+
+def test_undoing_a_keep_brings_back_the_kernel_kept_before_it_on_that_hardware_only(
+        people, workspace_dir, no_enqueue):
+    thesis = make_thesis(people.author)
+    first = _next_cpu_win(people, thesis)
+    first_keep = _keep(first, people.reviewer)
+    h200_thesis = make_thesis(people.author, title="H200 rows", hardware="h200", context_lengths=[4096])
+    h200_win = record(start_sweep(h200_thesis, people.producer, budget=1).candidates.get(), {
+        **recorded_result((1.3,), names=["t=4096,dtype=bfloat16"]), "device": "cuda"})
+    _keep(h200_win, people.reviewer)
+    second = _next_cpu_win(people, thesis, number=2)
+    assert second.source != first.source
+    second_keep = _keep(second, people.reviewer)
+    h200_before = workspace.dispatch_entries("rmsnorm", "h200")
+    before = workspace.main_head()
+
+    # Undone by a second reviewer: the keep's own reviewer is no author, so may too; four
+    # eyes are about the author and the producer.
+    linus = make_reviewer("linus")
+    undo = _undo(second, linus, comment="Regresses bf16 at 4K tokens in the engine.")
+
+    assert (undo.decision, undo.undoes, undo.reviewer) == (Review.Decision.UNDO, second_keep, linus)
+    assert undo.revert_commit == workspace.main_head()
+    # Append-only: the keep's row stays beside the undo's.
+    assert list(second.reviews.order_by("id").values_list("decision", flat=True)) == ["keep", "undo"]
+    commit = workspace.commit_info(undo.revert_commit)
+    assert commit["parents"] == [before]
+    assert (commit["author"], commit["author_email"]) == ("Linus Reviewer", "linus@example.com")
+    assert second_keep.merge_commit in commit["message"] and second.commit in commit["message"]
+    assert "Regresses bf16 at 4K tokens in the engine." in commit["message"]
+    assert f"candidate {first.label}'s blocked" in commit["message"]
+
+    assert workspace.kept_kernel("rmsnorm", "cpu").source == first.source
+    assert [e.get("candidate") for e in workspace.dispatch_entries("rmsnorm", "cpu")] == [first.label, None]
+    # The other class is untouched: its kernel and its dispatch list.
+    assert workspace.kept_kernel("rmsnorm", "h200").source == h200_win.source
+    assert workspace.dispatch_entries("rmsnorm", "h200") == h200_before
+    assert set(workspace.changed_files(before, undo.revert_commit)) == {
+        "kernels/rmsnorm/cpu/kept.py", "dispatch.json"}
+    # What the next sweep times against, and compares machines with, is the first keep.
+    assert start_sweep(thesis, people.producer, budget=1).baseline_source == first.source
+    assert selectors.latest_kept("rmsnorm", "cpu", other_than=second) == first
+    assert [r.candidate for r in selectors.op_kept_history("rmsnorm")] == [h200_win, first]
+    assert second not in selectors.review_queue()
+
+    # Then the first: the shipped baseline is back, with only its own entry.
+    _undo(first, linus)
+    assert workspace.kept_kernel("rmsnorm", "cpu").source == get_op("rmsnorm").baseline_path.read_text()
+    assert [e["kernel"] for e in workspace.dispatch_entries("rmsnorm", "cpu")] == ["baseline"]
+    assert Review.objects.get(undoes=first_keep).reviewer == linus
+    assert Review.objects.filter(decision="undo").count() == 2 and Review.objects.filter(decision="keep").count() == 3
+
+
+@pytest.mark.parametrize("who", ["author", "producer", "outsider"])
+def test_an_undo_by_the_author_the_producer_or_someone_without_the_permission_is_refused(
+        people, waiting_win, who):
+    keep = _keep(waiting_win, people.reviewer)
+    person = getattr(people, who)
+    if who != "outsider":
+        person.user_permissions.add(*people.reviewer.user_permissions.all())
+        person = type(person).objects.get(pk=person.pk)  # no stale permission cache
+    main = workspace.main_head()
+    with pytest.raises(PermissionDenied):
+        _undo(waiting_win, person)
+    assert list(Review.objects.all()) == [keep] and workspace.main_head() == main
+
+
+def test_an_undo_from_a_stale_page_or_of_a_keep_already_undone_is_refused(people, waiting_win):
+    _keep(waiting_win, people.reviewer)
+    main = workspace.main_head()
+    linus = make_reviewer("linus")
+    with pytest.raises(ValidationError) as stale:
+        _undo(waiting_win, linus, commit="0" * 40)
+    assert stale.value.code == "stale" and workspace.main_head() == main
+    _undo(waiting_win, make_reviewer("hedy"))
+    undone = workspace.main_head()
+    with pytest.raises(ValidationError, match="already undone by hedy") as again:
+        _undo(waiting_win, linus)
+    assert again.value.code == "decided" and workspace.main_head() == undone
+    assert Review.objects.filter(decision="undo").count() == 1
+
+
+def test_only_the_newest_keep_of_an_op_on_its_hardware_can_be_undone(people, workspace_dir, no_enqueue):
+    thesis = make_thesis(people.author)
+    older = _next_cpu_win(people, thesis)
+    _keep(older, people.reviewer)
+    newer = _next_cpu_win(people, thesis, number=2)
+    _keep(newer, people.reviewer)
+    main = workspace.main_head()
+    with pytest.raises(ValidationError) as refused:
+        _undo(older, make_reviewer("linus"))
+    assert refused.value.code == "not-current"
+    assert f"candidate {newer.label} was kept after it" in refused.value.message
+    assert workspace.main_head() == main and not Review.objects.filter(decision="undo").exists()
+
+
+def test_only_a_kept_candidate_is_undone_and_only_with_a_reason(people, waiting_win):
+    main = workspace.main_head()
+    with pytest.raises(ValidationError) as waiting:
+        _undo(waiting_win, people.reviewer)
+    assert waiting.value.code == "not-kept"
+    second = record(waiting_win.sweep.candidates.get(number=2), recorded_result())
+    services.candidate_revert(candidate=second, reviewer=people.reviewer, commit=second.commit)
+    with pytest.raises(ValidationError, match="only a kept candidate"):
+        _undo(second, people.reviewer)
+    _keep(waiting_win, people.reviewer)
+    kept = workspace.main_head()
+    with pytest.raises(ValidationError) as no_reason:
+        _undo(waiting_win, make_reviewer("linus"), comment="   ")
+    assert no_reason.value.error_dict["comment"][0].code == "required"
+    assert kept != main and workspace.main_head() == kept and not Review.objects.filter(decision="undo").exists()
+
+
+def test_an_undo_that_cannot_be_written_to_main_leaves_no_decision(people, waiting_win):
+    keep = _keep(waiting_win, people.reviewer)
+    # Someone changed the kept file on main after the keep (not through a keep): restoring
+    # the file from before the keep would throw that change away.
+    head = workspace.main_head()
+    (edit,) = workspace.build([workspace.NewCommit(
+        parents=[head], files={"kernels/rmsnorm/cpu/kept.py": waiting_win.source + "\n# hand edit\n"},
+        message="hand edit", author=workspace.KERNEL_LAB)])
+    workspace.publish([workspace.RefUpdate(workspace.MAIN, edit, old=head)])
+    with pytest.raises(ValidationError) as refused:
+        _undo(waiting_win, make_reviewer("linus"))
+    assert refused.value.code == "conflict" and "changed on main since the keep" in refused.value.message
+    assert list(Review.objects.all()) == [keep] and workspace.main_head() == edit
+
+
+def test_the_database_refuses_an_undo_that_names_no_keep(people, waiting_win):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Review.objects.create(candidate=waiting_win, commit=waiting_win.commit, revision=1, decision="undo",
+                              reviewer=people.reviewer, author=people.author, producer=people.producer)
+
+
+def test_an_undo_writes_a_candidate_undone_webhook_delivery(people, waiting_win):
+    from webhooks.models import Delivery
+    from webhooks.services import endpoint_create
+
+    endpoint_create(owner=people.reviewer, url="https://hooks.example.com/kernel-lab", events=["candidate.undone"])
+    keep = services.candidate_keep(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit,
+                                   dispatch_min=64, dispatch_max=64)
+    undo = _undo(waiting_win, make_reviewer("linus"), comment="wrong at 64 tokens")
+    delivery = Delivery.objects.get()
+    assert delivery.event_type == "candidate.undone"
+    data = delivery.payload
+    assert data["reviewer"] == "linus" and data["comment"] == "wrong at 64 tokens"
+    assert data["details"]["revert_commit"] == undo.revert_commit
+    assert data["details"]["undone_keep"]["merge_commit"] == keep.merge_commit
+    assert data["details"]["undone_keep"]["dispatch_range"] == {"axis": "tokens", "min": 64, "max": 64}
+
+
+def test_the_review_page_of_a_kept_candidate_offers_the_undo_and_then_shows_it(client, people, waiting_win):
+    keep = _keep(waiting_win, people.reviewer)
+    client.force_login(people.author)
+    page = client.get(waiting_win.get_absolute_url()).content.decode()
+    assert 'id="undo-form"' not in page and "a colleague must undo a keep" in page
+
+    linus = make_reviewer("linus")
+    client.force_login(linus)
+    page = client.get(waiting_win.get_absolute_url()).content.decode()
+    assert 'id="undo-form"' in page and 'id="undo"' in page and f'value="{waiting_win.commit}"' in page
+    # Without a reason: 422, the form again with the reason asked for, nothing written.
+    refused = _decide(client, linus, waiting_win, htmx=True, decision="undo", comment="")
+    assert refused.status_code == 422 and "say why the keep is undone" in refused.content.decode()
+    assert 'id="undo-form"' in refused.content.decode()
+    assert _decide(client, people.author, waiting_win, decision="undo", comment="mine").status_code == 403
+
+    response = _decide(client, linus, waiting_win, decision="undo", comment="Slower in the engine.")
+    assert response.status_code == 302
+    page = client.get(waiting_win.get_absolute_url()).content.decode()
+    outcome = page.split('id="decision-outcome"')[1].split("</p>")[0]
+    assert "Undone" in outcome and "linus" in outcome
+    undo = Review.objects.get(decision="undo")
+    assert f'id="revert-commit">{undo.revert_commit[:12]}' in page and "Slower in the engine." in page
+    assert keep.merge_commit[:12] in page.split('id="undone-keep"')[1].split("</p>")[0]
+    assert 'id="undo-form"' not in page
+    # A second undo, from the page opened before: 409.
+    assert _decide(client, make_reviewer("hedy"), waiting_win, decision="undo", comment="again").status_code == 409

@@ -13,6 +13,7 @@ from django.urls import reverse
 EVENT_CHOICES = [
     ("candidate.kept", "candidate.kept — a reviewer kept a kernel"),
     ("candidate.reverted", "candidate.reverted — a reviewer reverted a candidate"),
+    ("candidate.undone", "candidate.undone — a second reviewer undid a keep"),
     ("sweep.finished", "sweep.finished — every candidate of a sweep was evaluated"),
     ("thesis.created", "thesis.created — someone filed a thesis"),
 ]

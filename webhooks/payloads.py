@@ -101,9 +101,10 @@ def sweep_finished(sweep, *, wins: int, rejected: int) -> SweepFinished:
 
 def candidate_decided(candidate, *, reviewer, comment: str = "", url: str | None = None,
                       measured=None, **details) -> CandidateDecided:
-    """For candidate.kept and candidate.reverted.
+    """For candidate.kept, candidate.reverted and candidate.undone.
 
-    details: what the decision adds, e.g. merge_commit and dispatch_range for a keep.
+    details: what the decision adds, e.g. merge_commit and dispatch_range for a keep,
+    revert_commit and the undone keep for an undo.
     url: the review page, when there is one (defaults to the candidate's sweep).
     measured: whose figures to send (a verified import's worker run; default the candidate).
     """
