@@ -38,24 +38,14 @@ def evaluate_source(
     with tempfile.TemporaryDirectory(prefix="candidate-") as scratch:
         path = Path(scratch) / "candidate.py"
         path.write_text(source)
-        baseline = []
+        kept = None
         if baseline_source:
-            kept = Path(scratch) / "kept" / f"{re.sub(r'[^A-Za-z0-9_]', '_', baseline_kernel) or 'kept'}.py"
+            kept = Path(scratch) / kept_file_name(baseline_kernel)
             kept.parent.mkdir()
             kept.write_text(baseline_source)
-            baseline = ["--baseline", str(kept)]
-        command = [
-            settings.HARNESS_PYTHON or sys.executable,
-            "-m", "runners.harness", "evaluate", op, str(path),
-            "--device", device,
-            "--dsl", dsl,
-            "--json",
-            "--ctx", ",".join(map(str, context_lengths)),
-            "--batch", ",".join(map(str, batch_sizes)),
-            "--time-budget", str(settings.HARNESS_TIME_BUDGET_S),
-            *baseline,
-            *_e2e_command_args(op),
-        ]
+        command = [settings.HARNESS_PYTHON or sys.executable, *harness_arguments(
+            op=op, candidate=str(path), device=device, dsl=dsl, context_lengths=context_lengths,
+            batch_sizes=batch_sizes, baseline=str(kept) if kept else None)]
         try:
             done = subprocess.run(
                 command,
@@ -79,6 +69,30 @@ def evaluate_source(
     if not isinstance(result, dict) or "verdict" not in result:
         return harness_failure("the harness printed JSON without a verdict")
     return result
+
+
+def kept_file_name(baseline_kernel: str) -> str:
+    """Where the kept kernel a candidate is timed against lies beside it."""
+    return f"kept/{re.sub(r'[^A-Za-z0-9_]', '_', baseline_kernel) or 'kept'}.py"
+
+
+def harness_arguments(*, op: str, candidate: str, device: str, dsl: str, context_lengths: list[int],
+                      batch_sizes: list[int], baseline: str | None, seed: int | None = None) -> list[str]:
+    """The harness's command line after the interpreter, as a worker runs it: one place,
+    so an exported candidate's REPRODUCE.md names the very run the lab made (`seed`, the
+    one its result revealed, repeats its inputs)."""
+    return [
+        "-m", "runners.harness", "evaluate", op, candidate,
+        "--device", device,
+        "--dsl", dsl,
+        "--json",
+        "--ctx", ",".join(map(str, context_lengths)),
+        "--batch", ",".join(map(str, batch_sizes)),
+        "--time-budget", str(settings.HARNESS_TIME_BUDGET_S),
+        *(["--baseline", baseline] if baseline else []),
+        *(["--seed", str(seed)] if seed is not None else []),
+        *_e2e_command_args(op),
+    ]
 
 
 def _e2e_command_args(op: str) -> list[str]:

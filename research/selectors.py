@@ -40,6 +40,14 @@ def sweep_get(sweep_id: int) -> Sweep:
     return get_object_or_404(Sweep.objects.select_related("thesis", "started_by"), pk=sweep_id)
 
 
+def candidate_get(candidate_id: int) -> Candidate:
+    return get_object_or_404(
+        Candidate.objects.select_related("sweep__thesis__author", "sweep__thesis__evidence",
+                                         "sweep__started_by"),
+        pk=candidate_id,
+    )
+
+
 def sweep_results(sweep: Sweep, *, after_number: int = 0, limit: int = RESULT_PAGE_SIZE) -> list[Candidate]:
     """Recorded candidates in sweep order, each with its measurements in workload order."""
     return list(

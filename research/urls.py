@@ -19,6 +19,7 @@ urlpatterns = [
     path("sweeps/<int:sweep_id>/cancel/", views.sweep_control_action, {"action": "cancel"}, name="sweep_cancel"),
     path("sweeps/<int:sweep_id>/events.json", views.sweep_events, name="sweep_events"),
     path("sweeps/<int:sweep_id>/chart.json", views.sweep_chart, name="sweep_chart"),
+    path("candidates/<int:candidate_id>/export.zip", views.candidate_export, name="candidate_export"),
     path("skills/<path:pack>", views.skill_pack, name="skill_pack"),
     path("tokens/", views.api_token_list, name="api_token_list"),
     path("tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect, retarget
 
 from config.ratelimit import rate_limited
-from research import agent_context, api_tokens, charts, selectors, services, sweep_control, workers
+from research import agent_context, api_tokens, charts, exports, selectors, services, sweep_control, workers
 from research.forms import ApiTokenForm, SweepForm, ThesisEditForm, ThesisForm
 from research.markdown import render_markdown
 from research.models import ApiToken, Candidate, Sweep
@@ -250,6 +250,16 @@ def sweep_chart(request: HttpRequest, sweep_id: int) -> JsonResponse:
     sweep = selectors.sweep_get(sweep_id)
     workloads = selectors.sweep_workload_names(sweep)
     return JsonResponse(charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep), sweep.budget))
+
+
+@login_required
+@require_GET
+def candidate_export(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    """The candidate as a zip to run again elsewhere (research.exports)."""
+    candidate = selectors.candidate_get(candidate_id)
+    response = HttpResponse(exports.candidate_bundle(candidate), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{exports.bundle_name(candidate)}"'
+    return response
 
 
 def _int_param(request: HttpRequest, name: str) -> int:

@@ -100,14 +100,6 @@ def review_queue_filter_choices() -> dict[str, list[tuple[Any, str]]]:
     }
 
 
-def candidate_get(candidate_id: int) -> Candidate:
-    return get_object_or_404(
-        Candidate.objects.select_related("sweep__thesis__author", "sweep__thesis__evidence",
-                                         "sweep__started_by"),
-        pk=candidate_id,
-    )
-
-
 def candidate_decision(candidate: Candidate) -> Review | None:
     """The latest decision on the candidate's current revision, if any: an undo, once
     its keep was undone (the keep is the undo's `undoes`)."""

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from config.ratelimit import rate_limited
 from research import provenance, workspace
+from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
 from research.models import Candidate
@@ -42,7 +43,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def candidate_review(request: HttpRequest, candidate_id: int) -> HttpResponse:
-    candidate = selectors.candidate_get(candidate_id)
+    candidate = research_selectors.candidate_get(candidate_id)
     return render(request, "reviews/candidate.html", _review_context(request, candidate))
 
 
@@ -50,7 +51,7 @@ def candidate_review(request: HttpRequest, candidate_id: int) -> HttpResponse:
 @require_POST
 @rate_limited("candidate-decide")
 def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
-    candidate = selectors.candidate_get(candidate_id)
+    candidate = research_selectors.candidate_get(candidate_id)
     form = DecisionForm(request.POST)
     status = 422
     if form.is_valid():
@@ -86,7 +87,7 @@ def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
         else:
             if not request.htmx:
                 return redirect(candidate.get_absolute_url())
-            candidate = selectors.candidate_get(candidate_id)
+            candidate = research_selectors.candidate_get(candidate_id)
             return render(request, "reviews/candidate.html#decision", _decision_context(request, candidate))
     if request.htmx:
         return render(request, "reviews/candidate.html#decision",
@@ -100,7 +101,7 @@ def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
 @rate_limited("candidate-verify")
 def candidate_verify(request: HttpRequest, candidate_id: int) -> HttpResponse:
     """Queue a worker's evaluation of an imported win (reviews.verification)."""
-    candidate = selectors.candidate_get(candidate_id)
+    candidate = research_selectors.candidate_get(candidate_id)
     try:
         verification_start(candidate=candidate, requested_by=request.user)
     except PermissionDenied as refusal:
