@@ -74,6 +74,8 @@ class Sweep(models.Model):
         IMPORTED = "imported", "Imported from a remote host"
         # One candidate evaluated again on a trusted worker: an imported result's check.
         VERIFY = "verify", "Verification of an imported result"
+        # One waiting win evaluated again against the kernel kept since it was timed.
+        RETIME = "retime", "Re-timed against a newer kept kernel"
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -116,6 +118,9 @@ class Sweep(models.Model):
     # A VERIFY sweep: the imported candidate it evaluates again.
     verifies = models.ForeignKey("Candidate", null=True, blank=True, on_delete=models.CASCADE,
                                  related_name="verifications")
+    # A RETIME sweep: the stale win whose source it evaluates against today's kept kernel.
+    retimes = models.ForeignKey("Candidate", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="retimings")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -262,6 +262,29 @@ def kept_kernel(op: str, hardware: str) -> KeptKernel:
     return KeptKernel(commit=head, source=source, name=entries[0].get("kernel") or "kept")
 
 
+# Main's head and every kept file there, so that the pages that ask on every request
+# (the queue's count is on every page) read git once per keep, not once per view.
+_kept_at: dict[str, dict[tuple[str, str], str]] = {}
+
+
+def kept_sources() -> dict[tuple[str, str], str]:
+    """The kept kernel's source of every (op, hardware class) with one, at main's head;
+    none before the workspace exists (nothing was timed against anything yet)."""
+    head = resolve(_heads(MAIN)) if (path() / "HEAD").exists() else None
+    if head is None:
+        return {}
+    if head not in _kept_at:
+        found = {}
+        for op, per_class in dispatch_table(head).items():
+            for hardware in per_class:
+                source = read_file(head, kept_path(op, hardware))
+                if source is not None:
+                    found[(op, hardware)] = source
+        _kept_at.clear()
+        _kept_at[head] = found
+    return _kept_at[head]
+
+
 def changed_files(base: str, head: str) -> list[str]:
     return _git("diff", "--name-only", "--no-renames", base, head, "--").split()
 

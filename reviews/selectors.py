@@ -21,6 +21,7 @@ from research.hardware import HARDWARE
 from research.models import Candidate, GuardFinding, Sweep, Thesis
 from reviews.diffs import FileDiff, hidden_characters, render_diff
 from reviews.models import Review
+from reviews.retiming import stale_filter
 from runners import ops
 from runners.harness.dispatch import size_axis
 from runners.harness.stats import P_THRESHOLD
@@ -47,10 +48,11 @@ def _speed_not_decided_here() -> Q:
 
 
 def review_queue(*, op: str = "", hardware: str = "", author: int | None = None,
-                 thesis: int | None = None, reviewable_by=None) -> QuerySet[Candidate]:
+                 thesis: int | None = None, reviewable_by=None, stale: bool = False) -> QuerySet[Candidate]:
     """Wins not yet decided for their current revision that can be kept, oldest result
     first; with `reviewable_by`, only those that person may decide (neither filed nor
-    produced)."""
+    produced). With `stale`, instead, the undecided wins timed against a kernel that is
+    no longer kept (reviews.retiming): they wait for a re-time, not a decision."""
     finished_runs = Candidate.objects.filter(VERIFICATION_RUNS, sweep__verifies=OuterRef("pk"),
                                              status=Candidate.Status.DONE)
     queue = (
@@ -69,6 +71,11 @@ def review_queue(*, op: str = "", hardware: str = "", author: int | None = None,
         .select_related("sweep__thesis__author", "sweep__started_by")
         .order_by("finished_at", "id")
     )
+    if stale:
+        # Once a re-time has its result, that result is what waits (or was refused).
+        queue = queue.filter(stale_filter()).exclude(retimings__candidates__status=Candidate.Status.DONE)
+    else:
+        queue = queue.exclude(stale_filter())
     if reviewable_by is not None:
         queue = queue.exclude(sweep__thesis__author=reviewable_by).exclude(sweep__started_by=reviewable_by)
     if op:

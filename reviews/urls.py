@@ -9,6 +9,7 @@ urlpatterns = [
     path("candidates/<int:candidate_id>/", views.candidate_review, name="candidate_review"),
     path("candidates/<int:candidate_id>/decide/", views.candidate_decide, name="candidate_decide"),
     path("candidates/<int:candidate_id>/verify/", views.candidate_verify, name="candidate_verify"),
+    path("candidates/<int:candidate_id>/retime/", views.candidate_retime, name="candidate_retime"),
     path("ops/<str:op>/", views.op_detail, name="op_detail"),
     path("path/", views.path_team, name="path_team"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),

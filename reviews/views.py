@@ -7,6 +7,7 @@ revision or main line that moved on, 422 for input to correct.
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
@@ -19,7 +20,7 @@ from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
 from research.models import Candidate
-from reviews import charts, selectors, services
+from reviews import charts, retiming, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
 from reviews.models import Review
 from reviews.verification import lab_measurement, verification, verification_start
@@ -33,10 +34,12 @@ CONFLICT_CODES = {"stale", "decided", "conflict", "not-waiting", "no-commit", "n
 @require_GET
 def review_queue(request: HttpRequest) -> HttpResponse:
     form = QueueFilterForm(request.GET, choices=selectors.review_queue_filter_choices())
-    queue = selectors.review_queue(**form.filters(request.user))
+    filters = form.filters(request.user)
+    queue = selectors.review_queue(**filters)
+    stale = selectors.review_queue(**filters, stale=True).prefetch_related("retimings__candidates")
     template = "reviews/queue.html#queue-list" if request.htmx else "reviews/queue.html"
     return render(request, template, {
-        "form": form, "candidates": queue[:QUEUE_PAGE], "waiting": queue.count(),
+        "form": form, "candidates": queue[:QUEUE_PAGE], "waiting": queue.count(), "stale": stale[:QUEUE_PAGE],
     })
 
 
@@ -114,6 +117,21 @@ def candidate_verify(request: HttpRequest, candidate_id: int) -> HttpResponse:
     return redirect(candidate.get_absolute_url() + "#provenance")
 
 
+@login_required
+@require_POST
+@rate_limited("sweep-start")
+def candidate_retime(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    """Time a stale win again against today's kept kernel (reviews.retiming)."""
+    candidate = research_selectors.candidate_get(candidate_id)
+    try:
+        run = retiming.retime_start(candidate=candidate, requested_by=request.user)
+    except ValidationError as error:
+        messages.error(request, "Not re-timed: " + " ".join(error.messages))
+        return redirect(candidate.get_absolute_url())
+    messages.success(request, f"Candidate {candidate.label} is re-timed as {run.label}, against today's kept kernel.")
+    return redirect(run.sweep)
+
+
 def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
     sweep = candidate.sweep
     if decided:
@@ -171,6 +189,9 @@ def _decision_context(request: HttpRequest, candidate: Candidate, form: Decision
         "unverified_request": (candidate.unverified_requests.select_related("requested_by")
                                .filter(revision=candidate.revision).first() if imported else None),
         "hidden_characters": _hidden_characters(candidate) if may_decide or form else [],
+        # Timed against a kernel no longer kept: re-timed, not kept (reviews.retiming).
+        "stale": retiming.stale_reason(candidate) if decision is None else None,
+        "retimings": retiming.retimings(candidate),
         # A CPU win of an op served on GPUs: revertable, never kept for speed.
         "speed_not_decided": services.speed_not_decided_here(candidate),
         # A refused undo comes back to the undo form (the decision stays the keep).

@@ -108,9 +108,9 @@ def start_sweep(thesis: Thesis, producer, *, budget: int = 2, kernel: str = "blo
     return services.sweep_start(thesis=thesis, started_by=producer, kernel=kernel, strategy="grid", budget=budget)
 
 
-def create_waiting_win(title: str = "Blocked rmsnorm stays in cache") -> int:
+def create_waiting_win(title: str = "Blocked rmsnorm stays in cache", number: int = 1) -> int:
     """For the browser tests, run inside the launched app (`manage.py shell`): a thesis by
-    ada, a sweep started by bob, its first candidate recorded as a win (test data, see
+    ada, a sweep started by bob, its candidate `number` recorded as a win (test data, see
     the module docstring) and committed in the app's workspace. Returns its id. Ada and
     bob are made by the first call and reused by later ones (one app serves the module)."""
     # This process must not hand the sweep to the app's worker: the result is ours.
@@ -120,8 +120,9 @@ def create_waiting_win(title: str = "Blocked rmsnorm stays in cache") -> int:
         "ada", email="ada@example.com", password="pw-for-tests-only", first_name="Ada", last_name="Lovelace")
     producer = User.objects.filter(username="bob").first() or User.objects.create_user(
         "bob", email="bob@example.com", password="pw-for-tests-only")
-    sweep = start_sweep(make_thesis(author, title=title), producer, budget=1)
-    return record(sweep.candidates.get(number=1), recorded_result()).pk
+    # Candidate `number` of the kernel's grid: another number, another source.
+    sweep = start_sweep(make_thesis(author, title=title), producer, budget=number)
+    return record(sweep.candidates.get(number=number), recorded_result()).pk
 
 
 @pytest.fixture

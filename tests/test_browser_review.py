@@ -42,8 +42,9 @@ def _in_app(app: AppProcess, code: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def _create_waiting_win(app: AppProcess, title: str = "Blocked rmsnorm stays in cache") -> int:
-    return int(_in_app(app, f"from tests.reviewing import create_waiting_win; print(create_waiting_win({title!r}))"))
+def _create_waiting_win(app: AppProcess, title: str = "Blocked rmsnorm stays in cache", number: int = 1) -> int:
+    return int(_in_app(app, "from tests.reviewing import create_waiting_win; "
+                            f"print(create_waiting_win({title!r}, {number}))"))
 
 
 def _log_in(page, username: str, password: str) -> None:
@@ -185,3 +186,45 @@ def test_a_second_reviewer_undoes_a_keep_and_the_page_and_the_path_chart_show_it
     undo = _git(app, "log", "-1", "--format=%an%n%B", "main")
     assert undo.startswith("Linus Reviewer\nUndo the keep of rmsnorm candidate")
     assert "Slower in the serving engine at 64 tokens." in undo
+
+
+def test_a_keep_marks_another_waiting_win_stale_live_and_it_is_re_timed(app):
+    username, password = app.login()
+    # Grid points 3 and 2: neither is the kernel an earlier test of this module kept.
+    kept_id = _create_waiting_win(app, title="Rows in blocks, kept first", number=3)
+    stale_id = _create_waiting_win(app, title="Rows in blocks, timed before", number=2)
+    _in_app(app, "from tests.reviewing import make_reviewer; from django.contrib.auth import get_user_model; "
+                 "print(get_user_model().objects.filter(username='linus').exists() or make_reviewer('linus').pk)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        watcher = browser.new_context(base_url=app.url).new_page()
+        keeper = browser.new_context(base_url=app.url).new_page()
+        page = watcher
+        try:
+            for page, (user, secret) in ((watcher, (username, password)), (keeper, ("linus", "pw-for-tests-only"))):
+                page.set_default_timeout(30_000)
+                _log_in(page, user, secret)
+            page = watcher
+            page.goto("/reviews/")
+            expect(page.locator(f"#queue-{stale_id}")).to_be_visible()
+            expect(page.locator("#review-count")).to_have_attribute("data-state", "live")
+            page.evaluate("window.__sameDocument = true")
+
+            keeper.goto(f"/candidates/{kept_id}/")
+            keeper.fill("textarea[name=comment]", "Faster at 64 tokens.")
+            keeper.click("#keep")
+            expect(keeper.locator("#decision-outcome")).to_contain_text("Kept")
+
+            # The open queue moves the other win to the stale list without a reload.
+            expect(page.locator(f"#stale-{stale_id}")).to_be_visible()
+            expect(page.locator(f"#queue-{stale_id}")).to_have_count(0)
+            expect(page.locator("#review-count")).to_have_text("0")
+            assert page.evaluate("window.__sameDocument") is True
+            page.click(f"#stale-{stale_id} button[name=retime]")
+            expect(page.locator("h1")).to_contain_text("Sweep #")
+            expect(page.locator(".messages")).to_contain_text("re-timed as")
+            expect(page.locator("main")).to_contain_text("Re-timed against a newer kept kernel")
+        finally:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "browser-stale-last-page.png"), full_page=True)
+            browser.close()
