@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from config import launcher_state
+from config.private_files import private_data_dir
 from config.embedded_redis import EmbeddedRedis, die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     data_dir = Path(os.environ.get("DATA_DIR", ROOT / "var"))
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # Everything the app and its children write under it is their owner's alone: the
+    # database, the workspace, uploads, logs (private_files.private_data_dir says why).
+    os.umask(0o077)
+    private_data_dir(data_dir)
 
     redis_server = None
     if not os.environ.get("REDIS_URL"):

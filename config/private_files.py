@@ -16,3 +16,41 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(staging, path)
+
+
+# The SQLite database and the files SQLite keeps beside it (it gives its WAL and shared
+# memory files the database file's mode).
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+
+def private_data_dir(folder: Path, database: Path | None = None) -> None:
+    """The data directory and the SQLite database in it, their owner's alone.
+
+    Created under the usual umask 022, `db.sqlite3` was world-readable: any local user
+    read the live session keys from it (and used them), the password hashes and the
+    webhook secrets. The folder is made 0700; the database is created 0600 before SQLite
+    opens it, and an earlier install's files are made 0600, through descriptors opened
+    without following a link planted at their names."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if os.fstat(descriptor).st_uid == os.geteuid():  # another's folder is theirs to set
+            os.fchmod(descriptor, 0o700)
+    finally:
+        os.close(descriptor)
+    if database is None:
+        return
+    try:
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    for suffix in SQLITE_SUFFIXES:
+        try:
+            descriptor = os.open(f"{database}{suffix}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except (FileNotFoundError, OSError):
+            continue
+        try:
+            if os.fstat(descriptor).st_uid == os.geteuid():
+                os.fchmod(descriptor, 0o600)
+        finally:
+            os.close(descriptor)

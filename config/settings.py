@@ -14,6 +14,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config import launcher_state
+from config.private_files import private_data_dir
 from config.env import env_bool, env_int, env_list, env_str, env_toml_strings, env_toml_table
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -123,7 +124,7 @@ def _database() -> dict:
         return dj_database_url.parse(
             url, conn_max_age=env_int("DB_CONN_MAX_AGE", 60), conn_health_checks=True
         )
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    private_data_dir(DATA_DIR, DATA_DIR / "db.sqlite3")
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": DATA_DIR / "db.sqlite3",

@@ -75,6 +75,45 @@ def test_it_comes_up_on_the_embedded_defaults_and_stops_cleanly_on_ctrl_c(app):
     assert not state.exists()
 
 
+def test_no_other_local_user_reads_the_database_the_quick_start_writes(app, tmp_path):
+    app.wait_until_up()
+    database = app.data_dir / "db.sqlite3"
+    assert database.exists()
+    # The WAL and shared-memory files exist while a connection is open.
+    for path in [database, *app.data_dir.glob("db.sqlite3-*"), *(app.data_dir / "workspace").glob("*")]:
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is {oct(path.stat().st_mode)}"
+    assert app.data_dir.stat().st_mode & 0o777 == 0o700
+    # As the attack ran: another user (nobody) opens the file for its session keys.
+    read = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         f"import sqlite3; sqlite3.connect('file:{database}?mode=ro', uri=True)"
+         ".execute('select session_key from django_session').fetchall()"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert read.returncode != 0 and "unable to open database file" in read.stderr
+
+
+def test_an_earlier_installs_world_readable_database_is_made_private(tmp_path):
+    from config.private_files import private_data_dir
+
+    folder = tmp_path / "data"
+    folder.mkdir(mode=0o755)
+    database = folder / "db.sqlite3"
+    sqlite3.connect(database).execute("create table t (x)").connection.close()
+    database.chmod(0o644)
+    (folder / "db.sqlite3-wal").write_text("")
+    (folder / "db.sqlite3-wal").chmod(0o644)
+    planted = tmp_path / "elsewhere"
+    planted.write_text("")
+    planted.chmod(0o644)
+    (folder / "db.sqlite3-shm").symlink_to(planted)
+
+    private_data_dir(folder, database)
+
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert database.stat().st_mode & 0o777 == 0o600 and (folder / "db.sqlite3-wal").stat().st_mode & 0o777 == 0o600
+    assert planted.stat().st_mode & 0o777 == 0o644  # a link at a name is never followed
+
+
 def test_killing_the_launcher_outright_takes_its_processes_with_it(app):
     app.wait_until_up()
     redis_port = int(app.output().split("Embedded Redis on redis://127.0.0.1:")[1].split("/")[0])
