@@ -30,10 +30,20 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)$")
 _UNUSUAL = re.compile(r"[^\x20-\x7e\t\n]")
 
 
+# Default-ignorable or blank characters that are not format characters: Hangul fillers
+# and the braille blank render as a letter's width of nothing, variation selectors, the
+# combining grapheme joiner and Khmer's inherent vowels as nothing at all. Python takes
+# most of them inside identifiers, so `hidden\ufe00 = hidden.clamp(-1, 1)` read as a
+# clamp of `hidden` and left it untouched.
+_BLANK_OR_IGNORABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
+
+
 def is_hidden(character: str) -> bool:
     """Renders as nothing, or moves or breaks the text around it."""
     category = unicodedata.category(character)
-    return category in ("Cf", "Zl", "Zp") or (category == "Cc" and character not in "\t\n")
+    return (category in ("Cf", "Zl", "Zp") or (category == "Cc" and character not in "\t\n")
+            or _BLANK_OR_IGNORABLE.match(character) is not None)
 
 
 def character_name(character: str) -> str:

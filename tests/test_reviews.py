@@ -451,6 +451,24 @@ def test_a_diff_shows_hidden_characters_as_escapes_and_splits_lines_at_newlines_
     assert hidden_characters("plain ascii\tand é ü — ok\n") == []
 
 
+@pytest.mark.parametrize("invisible", ["\ufe00", "\U000e0100", "\u034f", "\u3164", "\u115f", "\uffa0"])
+def test_a_name_that_differs_by_an_invisible_letter_is_shown_and_flagged(invisible):
+    """A variation selector or a Hangul filler is not a format character, yet Python takes
+    it inside a name: `hidden︀ = min(max(hidden, …))` reads as a clamp of `hidden` and leaves
+    `hidden` as it was."""
+    old = "def forward(hidden):\n    return hidden\n"
+    new = f"def forward(hidden):\n    hidden{invisible} = min(max(hidden, -1.0), 1.0)\n    return hidden\n"
+    scope: dict = {}
+    exec(new, scope)
+    assert scope["forward"](5.0) == 5.0  # another name: nothing was clamped
+    diff = ("diff --git a/k.py b/k.py\n--- a/k.py\n+++ b/k.py\n@@ -1,2 +1,3 @@\n def forward(hidden):\n"
+            f"+    hidden{invisible} = min(max(hidden, -1.0), 1.0)\n     return hidden\n")
+    [file] = render_diff(diff, old_file=lambda path: old, new_file=lambda path: new)
+    added = str(file.lines[2].html)
+    assert invisible not in added and f"&lt;U+{ord(invisible):04X}&gt;" in added
+    assert file.hidden and file.hidden[0].startswith(f"U+{ord(invisible):04X} ")
+
+
 def test_a_carriage_return_is_shown_where_it_is_and_keeps_the_diff_on_its_lines():
     """Python ends a line at a lone CR; the highlighter did too, and the diff (split on
     newlines) then showed the code after it as another line's, or not at all."""
