@@ -79,7 +79,8 @@ class ThesisForm(forms.Form):
             held = held_uploads.redeem(self.user_id, token)
             if held is None:
                 raise forms.ValidationError(
-                    "the profile kept from your last submit is no longer held (it waits an hour): "
+                    "the profile kept from your last submit is no longer held (it waits half an hour, "
+                    "and only the latest): "
                     "choose the file again")
             self._held_token = token
             return held
@@ -98,6 +99,10 @@ class ThesisForm(forms.Form):
         """After a refusal that was not the profile's fault: keep it for the next submit."""
         upload = self.cleaned_data.get("evidence") if hasattr(self, "cleaned_data") else None
         if not upload or self.user_id is None or self.has_error("evidence"):
+            return
+        if not held_uploads.may_hold(upload):
+            self.add_error("evidence", f"not kept for the next submit (over "
+                                       f"{held_uploads.MAX_HELD_BYTES // 2**20} MB): choose it again")
             return
         self.held = (held_uploads.Held(self._held_token, upload.name, len(upload.data)) if self._held_token
                      else held_uploads.hold(self.user_id, upload))

@@ -194,6 +194,24 @@ def test_a_held_profile_is_only_its_uploaders_and_a_bad_profile_is_never_held(lo
     assert 'name="evidence_held"' not in html
 
 
+def test_a_user_holds_one_small_profile_at_a_time(logged_in_client, user, monkeypatch):
+    """Each refused submit parked its file in the broker's Redis for an hour: three posts
+    of 25 MB held 75 MB. Now one slot a user, and only small profiles."""
+    from research import held_uploads
+
+    def refused_with(name: str) -> str:
+        upload = SimpleUploadedFile(name, NSYS_CSV, content_type="text/csv")
+        return logged_in_client.post(reverse("thesis_new"), {**_form(title=""), "evidence": upload}).content.decode()
+
+    first, second = _held_token(refused_with("one.csv")), _held_token(refused_with("two.csv"))
+    assert held_uploads.redeem(user.pk, first) is None and held_uploads.redeem(user.pk, second).name == "two.csv"
+
+    monkeypatch.setattr(held_uploads, "MAX_HELD_BYTES", len(NSYS_CSV) - 1)
+    html = refused_with("big.csv")
+    assert 'name="evidence_held"' not in html and "not kept for the next submit" in html
+    assert held_uploads.redeem(user.pk, second).name == "two.csv"  # the slot is untouched
+
+
 def test_the_thesis_page_shows_the_top_kernels_chart_and_bottleneck(logged_in_client, user):
     thesis = services.thesis_submit(
         author=user, title="GEMM heavy", idea="# Heading\n<script>alert(1)</script>", op="rmsnorm",
