@@ -41,6 +41,7 @@ from research.agent_context import CONTEXT_FILE, agent_context
 from research.events import event_append
 from research.hardware import HARDWARE
 from research.models import Candidate, Event, Sweep, Thesis
+from runners import python_source
 from runners.harness import protected
 from runners.harness.dsl import static_check
 
@@ -321,7 +322,7 @@ def proposal_refusal(*, thesis: Thesis, kernel_file: str, files: list[str], sour
     if not source.strip():
         return f"the agent deleted or emptied {kernel_file}"
     try:
-        ast.parse(source)
+        python_source.parse(source)
     except SyntaxError as error:
         return f"{kernel_file} is not valid Python: {error.msg} (line {error.lineno})"
     if thesis.required_dsl != "torch":

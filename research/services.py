@@ -7,7 +7,6 @@ bad input never leaves anything half-stored.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import math
 import posixpath
@@ -32,6 +31,7 @@ from research.models import Candidate, Evidence, GuardFinding, Measurement, Swee
 from research.provenance import worker_provenance
 from reviews.diffs import character_name, hidden_characters
 from reviews.live import publish_queue_changed
+from runners import python_source
 from runners import ops, space
 from webhooks import payloads as webhook_payloads
 from webhooks.services import webhook_event
@@ -703,7 +703,7 @@ def candidate_revise(*, candidate: Candidate, source: str, revised_by, message: 
     covers whoever wrote the revision.
     """
     try:
-        ast.parse(source)
+        python_source.parse(source)
     except SyntaxError as exc:
         raise ValidationError({"source": f"the revision is not Python: {exc.msg} (line {exc.lineno})"}) from exc
     with workspace.lock(), transaction.atomic():

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from runners import python_source
+
 
 def _checked_space(space: Mapping[str, Any]) -> dict[str, list[Any]]:
     if not isinstance(space, Mapping) or not space:
@@ -75,7 +77,7 @@ def _literal_assignment(tree: ast.Module, name: str) -> ast.expr | None:
 
 def read_literals(source: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A candidate's PARAMS and SPACE, read without running the candidate."""
-    tree = ast.parse(source)
+    tree = python_source.parse(source)
     found = []
     for name in ("PARAMS", "SPACE"):
         node = _literal_assignment(tree, name)
@@ -102,7 +104,7 @@ def materialize(source: str, params: Mapping[str, Any]) -> str:
     Keys not in `params` keep their current values; only the PARAMS literal changes,
     so the diff against the source shows exactly the changed values.
     """
-    tree = ast.parse(source)
+    tree = python_source.parse(source)
     node = _literal_assignment(tree, "PARAMS")
     current, space = read_literals(source)
     if node is None or current is None:

@@ -226,8 +226,26 @@ def _long_claimed_commit(path: Path, tmp_path: Path) -> Path:
     return _write(tmp_path, lines)
 
 
+def _huge_guard_detail(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)  # shown on the review page: 40 MB of it made a 40 MB page
+    lines[1]["result"]["guards"][0]["detail"] = "B" * 40_000
+    return _write(tmp_path, lines)
+
+
+def _source_nested_too_deep(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)  # ast.parse raised RecursionError: a 500, a traceback from the command
+    deep = "\nZ = " + "1+" * 60_000 + "1\n"
+    lines[0]["kernel_source"] += deep
+    for line in lines[1:]:
+        line["source"] += deep
+    return _write(tmp_path, lines)
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (_truncated, "line 3: not valid JSON"),
+    (_huge_guard_detail, "line 2: candidate 1: 'result.guards[0].detail' holds 40,000 characters; "
+                         "a result's texts are at most 8,000"),
+    (_source_nested_too_deep, "line 2: candidate 1: nests too deeply for Python's parser"),
     (_carriage_return_in_source, "line 2: candidate 1: its source holds a carriage return"),
     (_long_claimed_commit, "line 1: 'harness.commit' must be a string of at most 200 characters"),
     (_wrong_op, "line 2: candidate 1: the result's op 'rmsnorm' is not the header's 'dsa_indexer_topk'"),
@@ -399,13 +417,17 @@ def test_a_host_token_can_only_import(client, thesis, host_token):
     assert Thesis.objects.count() == 1
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (_truncated, "line 3: not valid JSON"),
+    (_source_nested_too_deep, "line 2: candidate 1: nests too deeply"),  # was a 500
+])
 def test_the_api_refuses_a_bad_results_file_with_422_naming_the_line(client, results_path, thesis, host_token,
-                                                                     tmp_path):
+                                                                     tmp_path, edit, message):
     response = client.post(f"/api/theses/{thesis.pk}/results",
-                           _truncated(results_path, tmp_path).read_bytes(),
+                           edit(results_path, tmp_path).read_bytes(),
                            content_type="application/x-ndjson", headers=_auth(host_token))
     assert response.status_code == 422
-    assert response.json()["detail"].startswith("line 3: not valid JSON")
+    assert response.json()["detail"].startswith(message)
     assert _nothing_written()
 
 

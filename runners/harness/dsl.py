@@ -25,6 +25,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from runners import python_source
+
 DSLS = ("torch", "triton", "cute")
 
 # Kernel files name their DSL: `rows_triton.py`, `rows_cute.py`; anything else is torch.
@@ -115,7 +117,7 @@ def static_check(source: str, dsl: str) -> tuple[str, str]:
     if dsl == "torch":
         return "pass", "torch candidates need no DSL kernel"
     try:
-        tree = ast.parse(source)
+        tree = python_source.parse(source)
     except SyntaxError as error:
         return "fail", f"not valid Python: {error.msg} (line {error.lineno})"
     return (_check_triton if dsl == "triton" else _check_cute)(_Source(tree))

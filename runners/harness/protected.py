@@ -19,6 +19,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from runners import python_source
+
 # What a stored-to or called name means, by the dotted path's last parts.
 _CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
     ("a tolerance", re.compile(r"(?i)(^|\.)(atol|rtol|tolerances?)(\.|$)")),
@@ -130,7 +132,7 @@ def _code(source: str, node: ast.AST) -> str:
 
 def findings(source: str) -> list[Finding]:
     """Every statement of the source that changes something the harness holds fixed."""
-    tree = ast.parse(source)
+    tree = python_source.parse(source)
     names = _Names(tree)
     found: list[Finding] = []
     for node in ast.walk(tree):

@@ -144,10 +144,42 @@ def source_problem(source: str) -> str | None:
     return None
 
 
+# A result's texts are the harness's own one-line details (at most a few hundred
+# characters on every run recorded); each becomes page text on the review page, so a
+# 40 MB guard detail made a 40 MB page. Generous bounds, far past any real result.
+MAX_RESULT_TEXT = 8_000
+MAX_RESULT_TEXT_TOTAL = 1_000_000
+
+
+def _texts(value: Any, path: str):
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _texts(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _texts(item, f"{path}[{index}]")
+
+
+def _text_problem(result: dict[str, Any]) -> str | None:
+    total = 0
+    for path, text in _texts(result, "result"):
+        if len(text) > MAX_RESULT_TEXT:
+            return f"'{path[:80]}' holds {len(text):,} characters; a result's texts are at most {MAX_RESULT_TEXT:,}"
+        total += len(text)
+    if total > MAX_RESULT_TEXT_TOTAL:
+        return f"the result's texts hold {total:,} characters in all; at most {MAX_RESULT_TEXT_TOTAL:,}"
+    return None
+
+
 def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     """What is wrong with one `evaluate --json` object, or None."""
     if not isinstance(result, dict):
         return "'result' must be an object"
+    problem = _text_problem(result)
+    if problem:
+        return problem
     for name in ("op", "device"):
         if result.get(name) != header[name]:
             return f"the result's {name} {result.get(name)!r} is not the header's {header[name]!r}"

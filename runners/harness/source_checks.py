@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 
+from runners import python_source
 from runners.harness import dsl as dsls
 from runners.harness import protected
 from runners.harness.result import Guard
@@ -20,7 +21,7 @@ from runners.harness.result import Guard
 
 def _loads(source: str) -> Guard:
     try:
-        tree = ast.parse(source)
+        tree = python_source.parse(source)
     except SyntaxError as error:
         return Guard("loads", "fail", f"not valid Python: {error.msg} (line {error.lineno})")
     if not any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward"
