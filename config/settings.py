@@ -267,6 +267,9 @@ E2E_COMMANDS = env_toml_strings("E2E_COMMANDS_FILE")
 # AGENT_TIME_LIMIT_S seconds (README, "An external coding agent").
 AGENT_COMMANDS = env_toml_table("AGENT_COMMANDS_FILE")
 AGENT_TIME_LIMIT_S = env_int("AGENT_TIME_LIMIT_S", 600)
+# The largest file an agent may write (RLIMIT_FSIZE): its clone lies on the worker's own
+# disk, and the worker's git then reads and copies every byte of it.
+AGENT_MAX_FILE_BYTES = env_int("AGENT_MAX_FILE_BYTES", 256 * 1024 * 1024)
 # Whether an agent's declared hosts may resolve to loopback or private addresses
 # (research/agent_egress.py). Never in production: the tests' stand-in for a model's API
 # listens on loopback.

@@ -235,8 +235,12 @@ def _run_jailed(argv: list[str], *, cwd: Path, declared: agent_jail.Declaration,
     except agent_jail.JailError as error:
         return f"the agent was not run: {error}"
     with open(log, "wb") as output:
+        limit = settings.AGENT_MAX_FILE_BYTES
+        # No file it writes grows past the limit (the kernel stops the write with SIGXFSZ),
+        # and it dumps no core: the jail and the agent inherit both from prlimit.
+        limited = ["prlimit", f"--fsize={limit}", "--core=0", "--", *jailed]
         try:
-            process = subprocess.Popen(jailed, cwd=cwd, env={}, stdin=subprocess.DEVNULL, stdout=output,
+            process = subprocess.Popen(limited, cwd=cwd, env={}, stdin=subprocess.DEVNULL, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as error:
             return f"the agent command could not start: {error}"
@@ -248,10 +252,14 @@ def _run_jailed(argv: list[str], *, cwd: Path, declared: agent_jail.Declaration,
             return f"the agent ran past its time limit of {time_limit_s:g} s and was stopped"
         finally:
             _kill_group(process.pid)  # whatever it left running in the background
-    if code != 0:
-        tail = _tail(log)
-        return f"the agent exited with status {code}" + (f": {tail}" if tail else "")
-    return ""
+    if code == 0:
+        return ""
+    tail = _tail(log)
+    # Killed by SIGXFSZ (itself, or its jail reporting it), or the write refused with
+    # EFBIG where the agent ignores the signal (Python does).
+    if code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ) or "File too large" in tail:
+        return f"the agent wrote a file past the limit of {limit:,} bytes and was stopped"
+    return f"the agent exited with status {code}" + (f": {tail}" if tail else "")
 
 
 def _declared(command: str) -> agent_jail.Declaration:

@@ -112,6 +112,20 @@ def test_in_its_jail_the_probe_reaches_nothing_and_leaves_nothing_running(make_t
     assert not _processes_with(folder.name), "a helper outlived the agent's jail"
 
 
+def test_an_agent_that_fills_the_disk_is_stopped_at_its_file_size_limit(make_thesis, user, settings, quiet, tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(KERNEL_LAB_CONTEXT="KERNEL_LAB_CONTEXT.md", KERNEL_LAB_KERNEL="kernels/rmsnorm/cpu/kept.py")
+    checkout = _plain_checkout(tmp_path)
+    outside = subprocess.run([sys.executable, str(AGENT), "fill:3"], cwd=checkout, env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert outside.returncode == 0, outside.stderr  # unbounded, as a plain process
+    assert (checkout / "kernels" / "rmsnorm" / "cpu" / "filler.bin").stat().st_size == 3 * 2**20
+
+    settings.AGENT_MAX_FILE_BYTES = 2**20
+    proposal = _propose(make_thesis, user, settings, "fill:3")
+    assert proposal.refusal == f"the agent wrote a file past the limit of {2**20:,} bytes and was stopped"
+
+
 def test_a_folder_above_the_kernel_replaced_by_a_link_is_not_followed(make_thesis, user, settings, quiet, tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir()

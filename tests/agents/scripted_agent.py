@@ -205,6 +205,12 @@ def main() -> int:
     elif mode.startswith("egress:"):
         broker, declared = mode[7:].split(":")
         egress(kernel, int(broker), int(declared))
+    elif mode.startswith("fill:"):
+        # Fills the worker's disk through its clone, a MiB at a time.
+        with open(kernel.parent / "filler.bin", "wb") as filler:
+            for _ in range(int(mode[5:])):
+                filler.write(b"\0" * 2**20)
+                filler.flush()
     elif mode == "whoami":
         kernel.write_text(kernel.read_text().rstrip("\n") + f"\n\n# whoami: uid={os.getuid()} "
                           f"pid={os.getpid()} env={','.join(sorted(os.environ))}\n")
