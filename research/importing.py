@@ -32,15 +32,21 @@ CONTEXT_PREFIX = "Imported results file sha256:"
 # Header fields that name a run, not what it measured: the same results under another
 # name are the same results.
 _NAMING_FIELDS = ("run", "started_at")
+# What a file claims about where and how its numbers came about, in its header and in
+# every result, beside the numbers themselves: the same measurements re-imported with
+# another seed or machine claimed were another import (sweep after sweep of one forgery).
+_CLAIMS = ("machine", "seed", "duration_s")
 
 
 def content_digest(parsed: results_file.ResultsFile) -> str:
-    """A hash of what a results file says: its header less the fields that only name the
-    run, and every candidate line, in a canonical JSON form (key order, spacing and line
-    ends do not count). A file re-imported under a new run id, or re-serialised, has the
-    same digest."""
-    header = {key: value for key, value in parsed.header.items() if key not in _NAMING_FIELDS}
-    lines = [{"params": line.params, "source": line.source, "result": line.result} for line in parsed.candidates]
+    """A hash of what a results file measured: its header less the fields that only name
+    the run or claim its machine and seed, and every candidate line less the same claims,
+    in a canonical JSON form (key order, spacing and line ends do not count). A file
+    re-imported under a new run id, seed or machine, or re-serialised, has the same digest."""
+    header = {key: value for key, value in parsed.header.items() if key not in (*_NAMING_FIELDS, *_CLAIMS)}
+    lines = [{"params": line.params, "source": line.source,
+              "result": {key: value for key, value in line.result.items() if key not in _CLAIMS}}
+             for line in parsed.candidates]
     canonical = json.dumps([header, lines], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

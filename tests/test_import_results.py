@@ -180,6 +180,13 @@ def test_the_same_results_under_another_run_id_or_spelling_are_refused_too(resul
     assert renamed.read_bytes() != results_path.read_bytes()
     with pytest.raises(CommandError, match="already imported as sweep"):
         call_command("import_results", str(renamed), thesis=thesis.pk, user=user.username)
+    # Another seed or machine claimed for the very same numbers: the same results too.
+    for claim in ({"seed": 12345}, {"machine": {**header.get("machine", {}), "host": "another-host"}}):
+        reclaimed = tmp_path / "reclaimed.jsonl"
+        reclaimed.write_text("\n".join(json.dumps(record) for record in [
+            {**header, **claim}, *({**line, "result": {**line["result"], **claim}} for line in lines)]) + "\n")
+        with pytest.raises(CommandError, match="already imported as sweep"):
+            call_command("import_results", str(reclaimed), thesis=thesis.pk, user=user.username)
     # One changed measurement is another result, and imports.
     changed = tmp_path / "changed.jsonl"
     first = lines[0]
