@@ -315,6 +315,26 @@ def sweep_start(
     return sweep
 
 
+def sweep_of_one(*, thesis: Thesis, started_by, kernel: str, strategy: str, hardware: str, base_commit: str,
+                 baseline_source: str, baseline_kernel: str, context: str, source: str, params: dict,
+                 fork: str, **link: Candidate) -> Candidate:
+    """A sweep of one candidate, `source` forked from `fork`, queued on the hardware's
+    queue: a worker measures it again (a VERIFY sweep of an import, a RETIME of a stale
+    win; `link` names the candidate it is about). Runs under the caller's workspace lock
+    and transaction."""
+    sweep = Sweep.objects.create(
+        thesis=thesis, started_by=started_by, kernel=kernel, strategy=strategy, budget=1,
+        seed=secrets.randbits(32), hardware=hardware, queue=HARDWARE[hardware].queue, total=1,
+        base_commit=base_commit, baseline_source=baseline_source, baseline_kernel=baseline_kernel,
+        context=context, **link,
+    )
+    event_append(sweep_id=sweep.pk, type="sweep.created", payload={
+        "kernel": sweep.kernel, "strategy": sweep.strategy, "total": 1, "done": 0})
+    candidates_add(sweep=sweep, kernel_source=source, fork=fork, points=[params], sources=[source],
+                   proposed_by=strategy)
+    return sweep.candidates.get()
+
+
 def candidates_add(*, sweep: Sweep, kernel_source: str, fork: str | None, points: list[dict],
                     sources: list[str] | None = None, proposed_by: str | None = None,
                     results: list[dict] | None = None, provenance: dict | None = None) -> None:

@@ -12,15 +12,11 @@ the queue like any other; the stale win itself stays as it was.
 
 from __future__ import annotations
 
-import secrets
-
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
 from research import services, workspace
-from research.events import event_append
-from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 
 
@@ -73,17 +69,9 @@ def retime_start(*, candidate: Candidate, requested_by) -> Candidate:
         kept = workspace.kept_kernel(thesis.op, sweep.hardware)
         if kept.source == locked.source:
             raise ValidationError(f"its source is the kept {kept.name} itself now: nothing to gain", code="kept")
-        retime = Sweep.objects.create(
-            thesis=thesis, started_by=requested_by, kernel=sweep.kernel,
-            strategy=Sweep.Strategy.RETIME, budget=1, seed=secrets.randbits(32),
-            hardware=sweep.hardware, queue=HARDWARE[sweep.hardware].queue, total=1,
-            base_commit=kept.commit, baseline_source=kept.source, baseline_kernel=kept.name,
-            retimes=locked, context=f"Candidate {locked.label} re-timed against the kept {kept.name}",
-        )
-        event_append(sweep_id=retime.pk, type="sweep.created", payload={
-            "kernel": retime.kernel, "strategy": retime.strategy, "total": 1, "done": 0})
         # Forked from today's main: its diff and its timing have the base a keep needs.
-        services.candidates_add(sweep=retime, kernel_source=locked.source, fork=kept.commit,
-                                points=[locked.params], sources=[locked.source],
-                                proposed_by=Sweep.Strategy.RETIME)
-    return retime.candidates.get()
+        return services.sweep_of_one(
+            thesis=thesis, started_by=requested_by, kernel=sweep.kernel, strategy=Sweep.Strategy.RETIME,
+            hardware=sweep.hardware, base_commit=kept.commit, baseline_source=kept.source,
+            baseline_kernel=kept.name, context=f"Candidate {locked.label} re-timed against the kept {kept.name}",
+            source=locked.source, params=locked.params, fork=kept.commit, retimes=locked)

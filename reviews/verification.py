@@ -10,15 +10,12 @@ the hardware's queue; it is shown on the imported candidate's page, never in the
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from research import services, workspace
-from research.events import event_append
-from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from research.provenance import is_imported
 from reviews.models import DECIDE_PERMISSION
@@ -124,18 +121,10 @@ def verification_start(*, candidate: Candidate, requested_by) -> Candidate:
             raise ValidationError(f"not measured again: {state.detail}")
         if len(runs(candidate)) >= MAX_RUNS:
             raise ValidationError(f"asked {MAX_RUNS} times already; none came to a verdict")
-        sweep = Sweep.objects.create(
-            thesis=imported.thesis, started_by=requested_by, kernel=imported.kernel,
-            strategy=Sweep.Strategy.VERIFY, budget=1, seed=secrets.randbits(32),
-            hardware=imported.hardware, queue=HARDWARE[imported.hardware].queue, total=1,
-            base_commit=imported.base_commit, baseline_source=imported.baseline_source,
-            baseline_kernel=imported.baseline_kernel, verifies=candidate,
-            context=f"Verification of imported candidate {candidate.label}",
-        )
-        event_append(sweep_id=sweep.pk, type="sweep.created", payload={
-            "kernel": sweep.kernel, "strategy": sweep.strategy, "total": 1, "done": 0})
         # Forked from the imported commit with the same source: the worker evaluates exactly it.
-        services.candidates_add(sweep=sweep, kernel_source=candidate.source, fork=candidate.commit,
-                                points=[candidate.params], sources=[candidate.source],
-                                proposed_by=Sweep.Strategy.VERIFY)
-    return sweep.candidates.get()
+        return services.sweep_of_one(
+            thesis=imported.thesis, started_by=requested_by, kernel=imported.kernel,
+            strategy=Sweep.Strategy.VERIFY, hardware=imported.hardware, base_commit=imported.base_commit,
+            baseline_source=imported.baseline_source, baseline_kernel=imported.baseline_kernel,
+            context=f"Verification of imported candidate {candidate.label}", source=candidate.source,
+            params=candidate.params, fork=candidate.commit, verifies=candidate)
