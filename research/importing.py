@@ -29,23 +29,24 @@ from runners.harness.source_checks import first_failure, source_checks
 # Sweep.context of an imported sweep starts with this and the hash of what the file
 # says (content_digest): importing the same results again is refused by looking it up.
 CONTEXT_PREFIX = "Imported results file sha256:"
-# Header fields that name a run, not what it measured: the same results under another
-# name are the same results.
-_NAMING_FIELDS = ("run", "started_at")
-# What a file claims about where and how its numbers came about, in its header and in
-# every result, beside the numbers themselves: the same measurements re-imported with
-# another seed or machine claimed were another import (sweep after sweep of one forgery).
-_CLAIMS = ("machine", "seed", "duration_s")
+# What a file measured, and only that: the kernels, the workloads and device, and each
+# candidate's point, source and findings. Everything else a file says (its run's name,
+# seed, machine, hardware, harness versions, budget, any key of its own) names or
+# describes the run: the same measurements under another of those are the same results
+# (blocking names one at a time let one forgery import again under each new spelling).
+_MEASURED_HEADER = ("op", "device", "dsl", "kernel", "kernel_source", "baseline_kernel", "baseline_source",
+                    "context_lengths", "batch_sizes")
+_MEASURED_RESULT = ("op", "device", "dsl", "verdict", "correct", "guards", "workloads", "e2e", "dispatch")
 
 
 def content_digest(parsed: results_file.ResultsFile) -> str:
-    """A hash of what a results file measured: its header less the fields that only name
-    the run or claim its machine and seed, and every candidate line less the same claims,
-    in a canonical JSON form (key order, spacing and line ends do not count). A file
-    re-imported under a new run id, seed or machine, or re-serialised, has the same digest."""
-    header = {key: value for key, value in parsed.header.items() if key not in (*_NAMING_FIELDS, *_CLAIMS)}
+    """A hash of what a results file measured (_MEASURED_HEADER, and per candidate its
+    params, source and _MEASURED_RESULT), in a canonical JSON form (key order, spacing
+    and line ends do not count). A file re-imported under a new run id, seed, machine or
+    any other description of its run, or re-serialised, has the same digest."""
+    header = {key: parsed.header.get(key) for key in _MEASURED_HEADER}
     lines = [{"params": line.params, "source": line.source,
-              "result": {key: value for key, value in line.result.items() if key not in _CLAIMS}}
+              "result": {key: line.result.get(key) for key in _MEASURED_RESULT}}
              for line in parsed.candidates]
     canonical = json.dumps([header, lines], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()

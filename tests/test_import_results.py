@@ -181,10 +181,14 @@ def test_the_same_results_under_another_run_id_or_spelling_are_refused_too(resul
     with pytest.raises(CommandError, match="already imported as sweep"):
         call_command("import_results", str(renamed), thesis=thesis.pk, user=user.username)
     # Another seed or machine claimed for the very same numbers: the same results too.
-    for claim in ({"seed": 12345}, {"machine": {**header.get("machine", {}), "host": "another-host"}}):
+    # Nor do another budget, hardware name, harness version or a key of the file's own.
+    for claim in ({"seed": 12345}, {"machine": {**header.get("machine", {}), "host": "another-host"}},
+                  {"budget": header["budget"] + 1}, {"hardware": "x86_64x"}, {"note": "again"},
+                  {"harness": {**header["harness"], "torch": "2.13.0 "}}):
         reclaimed = tmp_path / "reclaimed.jsonl"
+        in_result = {key: value for key, value in claim.items() if key in ("seed", "machine", "note")}
         reclaimed.write_text("\n".join(json.dumps(record) for record in [
-            {**header, **claim}, *({**line, "result": {**line["result"], **claim}} for line in lines)]) + "\n")
+            {**header, **claim}, *({**line, "result": {**line["result"], **in_result}} for line in lines)]) + "\n")
         with pytest.raises(CommandError, match="already imported as sweep"):
             call_command("import_results", str(reclaimed), thesis=thesis.pk, user=user.username)
     # One changed measurement is another result, and imports.
@@ -239,6 +243,18 @@ def _huge_guard_detail(path: Path, tmp_path: Path) -> Path:
     return _write(tmp_path, lines)
 
 
+def _huge_header_text(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)  # copied into the sweep's context, served whole by the API
+    lines[0]["hardware"] = "x" * 5_000_000
+    return _write(tmp_path, lines)
+
+
+def _huge_result_key(path: Path, tmp_path: Path) -> Path:
+    lines = _lines(path)  # a key is as much text as a value, in the export and the API
+    lines[1]["result"]["e2e"] = {"k" * 9_000: 1}
+    return _write(tmp_path, lines)
+
+
 def _source_nested_too_deep(path: Path, tmp_path: Path) -> Path:
     lines = _lines(path)  # ast.parse raised RecursionError: a 500, a traceback from the command
     deep = "\nZ = " + "1+" * 60_000 + "1\n"
@@ -251,7 +267,9 @@ def _source_nested_too_deep(path: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("edit", "message"), [
     (_truncated, "line 3: not valid JSON"),
     (_huge_guard_detail, "line 2: candidate 1: 'result.guards[0].detail' holds 40,000 characters; "
-                         "a result's texts are at most 8,000"),
+                         "a file's texts are at most 8,000"),
+    (_huge_header_text, "line 1: 'the header.hardware' holds 5,000,000 characters"),
+    (_huge_result_key, "line 2: candidate 1: 'result.e2e key' holds 9,000 characters"),
     (_source_nested_too_deep, "line 2: candidate 1: nests too deeply for Python's parser"),
     (_carriage_return_in_source, "line 2: candidate 1: its source holds a carriage return"),
     (_long_claimed_commit, "line 1: 'harness.commit' must be a string of at most 200 characters"),

@@ -128,9 +128,15 @@ def _check_header(header: Any) -> None:
             raise ResultsFileError(f"line 1: {name!r} must be a string of at most {MACHINE_TEXT} "
                                    "characters, or absent")
     for name in ("kernel_source", "baseline_source"):
-        problem = source_problem(header[name])
+        problem = source_problem(header[name]) or _source_length_problem(header[name])
         if problem:
             raise ResultsFileError(f"line 1: {name!r} {problem}")
+    # Every other text of the header (its hardware, its harness's versions) is shown or
+    # copied into the sweep's context: short, like a result's.
+    problem = _text_problem({key: value for key, value in header.items()
+                             if key not in ("kernel_source", "baseline_source")}, "the header")
+    if problem:
+        raise ResultsFileError(f"line 1: {problem}")
 
 
 def source_problem(source: str) -> str | None:
@@ -151,25 +157,38 @@ MAX_RESULT_TEXT = 8_000
 MAX_RESULT_TEXT_TOTAL = 1_000_000
 
 
+# Kernel sources are the one long text a file carries (an 823-line kernel is ~40 KB).
+MAX_SOURCE_TEXT = 1_000_000
+
+
 def _texts(value: Any, path: str):
+    """Every string below `value`, keys included (a 5 MB key is as much page text)."""
     if isinstance(value, str):
         yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from _texts(item, f"{path}.{key}")
+            yield f"{path} key", str(key)
+            yield from _texts(item, f"{path}.{str(key)[:40]}")
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _texts(item, f"{path}[{index}]")
 
 
-def _text_problem(result: dict[str, Any]) -> str | None:
+def _text_problem(value: Any, name: str) -> str | None:
+    """The first text of `value` past MAX_RESULT_TEXT, or their sum past the total."""
     total = 0
-    for path, text in _texts(result, "result"):
+    for path, text in _texts(value, name):
         if len(text) > MAX_RESULT_TEXT:
-            return f"'{path[:80]}' holds {len(text):,} characters; a result's texts are at most {MAX_RESULT_TEXT:,}"
+            return f"'{path[:80]}' holds {len(text):,} characters; a file's texts are at most {MAX_RESULT_TEXT:,}"
         total += len(text)
     if total > MAX_RESULT_TEXT_TOTAL:
-        return f"the result's texts hold {total:,} characters in all; at most {MAX_RESULT_TEXT_TOTAL:,}"
+        return f"the texts of {name} hold {total:,} characters in all; at most {MAX_RESULT_TEXT_TOTAL:,}"
+    return None
+
+
+def _source_length_problem(source: str) -> str | None:
+    if len(source) > MAX_SOURCE_TEXT:
+        return f"holds {len(source):,} characters; a kernel source is at most {MAX_SOURCE_TEXT:,}"
     return None
 
 
@@ -177,7 +196,7 @@ def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     """What is wrong with one `evaluate --json` object, or None."""
     if not isinstance(result, dict):
         return "'result' must be an object"
-    problem = _text_problem(result)
+    problem = _text_problem(result, "result")
     if problem:
         return problem
     for name in ("op", "device"):
@@ -292,9 +311,12 @@ def read(data: bytes) -> ResultsFile:
                 ("source", "the candidate's source", lambda v: isinstance(v, str) and bool(v))):
             if not valid(entry.get(key)):
                 raise ResultsFileError(f"line {number}: {key!r} must be {expected}")
-        problem = source_problem(entry["source"])
+        problem = source_problem(entry["source"]) or _source_length_problem(entry["source"])
         if problem:
             raise ResultsFileError(f"line {number}: candidate {entry['number']}: its source {problem}")
+        problem = _text_problem(entry["params"], "params")
+        if problem:
+            raise ResultsFileError(f"line {number}: candidate {entry['number']}: {problem}")
         problem = _check_result(entry.get("result"), header)
         if problem:
             raise ResultsFileError(f"line {number}: candidate {entry['number']}: {problem}")
