@@ -23,6 +23,17 @@ def write_private(path: Path, text: str) -> None:
 SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 
 
+class NotOurs(PermissionError):
+    """The data directory or its database belongs to another user, who could read it."""
+
+
+def _ours(descriptor: int, what: Path) -> None:
+    owner = os.fstat(descriptor).st_uid
+    if owner != os.geteuid():
+        raise NotOurs(f"{what} belongs to uid {owner}, not to this user ({os.geteuid()}): whoever made it "
+                      "can read the database there; set DATA_DIR to a folder of your own")
+
+
 def private_data_dir(folder: Path, database: Path | None = None) -> None:
     """The data directory and the SQLite database in it, their owner's alone.
 
@@ -30,12 +41,14 @@ def private_data_dir(folder: Path, database: Path | None = None) -> None:
     read the live session keys from it (and used them), the password hashes and the
     webhook secrets. The folder is made 0700; the database is created 0600 before SQLite
     opens it, and an earlier install's files are made 0600, through descriptors opened
-    without following a link planted at their names."""
+    without following a link planted at their names. A folder or database another user
+    made is refused (NotOurs): its maker keeps every right to it."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        if os.fstat(descriptor).st_uid == os.geteuid():  # another's folder is theirs to set
-            os.fchmod(descriptor, 0o700)
+        # Made first by another user (in /tmp, say), it stays theirs whatever its mode.
+        _ours(descriptor, folder)
+        os.fchmod(descriptor, 0o700)
     finally:
         os.close(descriptor)
     if database is None:
@@ -50,7 +63,7 @@ def private_data_dir(folder: Path, database: Path | None = None) -> None:
         except (FileNotFoundError, OSError):
             continue
         try:
-            if os.fstat(descriptor).st_uid == os.geteuid():
-                os.fchmod(descriptor, 0o600)
+            _ours(descriptor, Path(f"{database}{suffix}"))
+            os.fchmod(descriptor, 0o600)
         finally:
             os.close(descriptor)

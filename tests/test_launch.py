@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -10,13 +12,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from bench._common import post_mebibytes
 from config import launcher_state
-from tests.app_process import AppProcess
+from tests.app_process import ROOT, AppProcess
 
 
 def _port_open(port: int) -> bool:
@@ -114,124 +117,24 @@ def test_an_earlier_installs_world_readable_database_is_made_private(tmp_path):
     assert planted.stat().st_mode & 0o777 == 0o644  # a link at a name is never followed
 
 
-def test_killing_the_launcher_outright_takes_its_processes_with_it(app):
-    app.wait_until_up()
-    redis_port = int(app.output().split("Embedded Redis on redis://127.0.0.1:")[1].split("/")[0])
-    app.process.kill()  # SIGKILL: no chance to stop its children itself
-    app.process.wait()
-    deadline = time.monotonic() + 30
-    while (_port_open(app.port) or _port_open(redis_port)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _port_open(app.port) and not _port_open(redis_port)
+def test_a_data_directory_another_user_made_first_is_refused():
+    """Another user creates the folder (and an empty database) before the app does, in
+    /tmp for instance: whatever mode the app gives them later, their maker can read and
+    write them, session keys and all."""
+    from config.private_files import NotOurs, private_data_dir
 
-
-def test_the_embedded_redis_never_follows_a_link_planted_in_its_folder(tmp_path):
-    """Its configuration (with the password), its log and its append-only files are
-    written by name: links planted there once emptied the files they named, wrote the
-    password into one and made them the owner's alone."""
-    import stat
-
-    import redis
-
-    from config.embedded_redis import EmbeddedRedis
-
-    victims = {name: tmp_path / f"victim-{name}" for name in ("conf", "log", "aof")}
-    for victim in victims.values():
-        victim.write_text("important content\n")
-        victim.chmod(0o644)
-    folder = tmp_path / "data" / "redis"
-    (folder / "appendonlydir").mkdir(parents=True)
-    (folder / "redis.conf").symlink_to(victims["conf"])
-    (folder / "redis.log").symlink_to(victims["log"])
-    (folder / "appendonlydir" / "appendonly.aof.1.incr.aof").symlink_to(victims["aof"])
-    server = EmbeddedRedis(folder)
-    url = server.start()
+    shared = Path("/tmp") / f"kernel-lab-shared-{os.getpid()}"
     try:
-        assert redis.Redis.from_url(url).ping()
+        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                        f"umask 000; mkdir {shared} && touch {shared}/db.sqlite3"], check=True)
+        assert shared.stat().st_uid == 65534 and shared.stat().st_mode & 0o777 == 0o777
+        with pytest.raises(NotOurs, match="belongs to uid 65534"):
+            private_data_dir(shared, shared / "db.sqlite3")
+        env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+        refused = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT,
+                                 env={**env, "DATA_DIR": str(shared)}, capture_output=True, text=True,
+                                 timeout=120, check=False)
+        assert refused.returncode != 0 and "belongs to uid 65534" in refused.stderr
+        assert shared.stat().st_mode & 0o777 == 0o777  # refused, not half-fixed
     finally:
-        server.stop()
-    for victim in victims.values():
-        assert victim.read_text() == "important content\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
-    assert not (folder / "redis.conf").is_symlink() and server.password in (folder / "redis.conf").read_text()
-    assert not any(path.is_symlink() for path in folder.rglob("*"))
-
-    # A link at the folder itself is removed and a folder of its own made in its place.
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    elsewhere.chmod(0o755)
-    folder_link = tmp_path / "data" / "linked"
-    folder_link.symlink_to(elsewhere)
-    again = EmbeddedRedis(folder_link)
-    again.start()
-    again.stop()
-    assert not folder_link.is_symlink() and stat.S_IMODE(folder_link.stat().st_mode) == 0o700
-    assert list(elsewhere.iterdir()) == [] and stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
-
-
-def test_the_embedded_redis_asks_for_a_password_no_other_user_can_read(tmp_path):
-    import stat
-
-    import redis
-
-    from config.embedded_redis import EmbeddedRedis
-
-    server = EmbeddedRedis(tmp_path / "redis")
-    url = server.start()
-    try:
-        assert redis.Redis.from_url(url).ping()
-        # The port is reachable by anyone on the machine; without the password it answers nothing.
-        with pytest.raises(redis.AuthenticationError):
-            redis.Redis(host="127.0.0.1", port=server.port).ping()
-        redis.Redis.from_url(url).set("queued", "an evaluation")
-        assert server.password not in open(f"/proc/{server.process.pid}/cmdline", "rb").read().decode()
-        assert server.password not in server.address
-        folder = tmp_path / "redis"
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-        made = [path for path in folder.rglob("*") if path.is_file()]
-        assert {path.name for path in made} >= {"redis.conf", "redis.log"}
-        assert all(stat.S_IMODE(path.stat().st_mode) & 0o077 == 0 for path in made), \
-            {path.name: oct(path.stat().st_mode) for path in made}
-    finally:
-        server.stop()
-    # A second start makes a new password; the old one no longer opens it.
-    again = EmbeddedRedis(tmp_path / "redis", port=server.port)
-    new_url = again.start()
-    try:
-        assert new_url != url and redis.Redis.from_url(new_url).get("queued") == b"an evaluation"
-        with pytest.raises(redis.AuthenticationError):
-            redis.Redis.from_url(url).ping()
-    finally:
-        again.stop()
-
-
-def test_a_launcher_that_is_gone_leaves_nothing_that_points_at_its_servers(tmp_path):
-    launcher_state.write(tmp_path, site_url="http://127.0.0.1:8123", redis_url="redis://:pw@127.0.0.1:1/0")
-    assert launcher_state.read(tmp_path)["site_url"] == "http://127.0.0.1:8123"  # this process wrote it
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    state = json.loads((tmp_path / launcher_state.FILE).read_text())
-    (tmp_path / launcher_state.FILE).write_text(json.dumps({**state, "pid": int(gone.stdout)}))
-    assert launcher_state.read(tmp_path) == {}
-    (tmp_path / launcher_state.FILE).write_text("not json")
-    assert launcher_state.read(tmp_path) == {}
-
-
-def test_the_launchers_state_is_trusted_only_as_its_owners_private_file(tmp_path):
-    path = launcher_state.write(tmp_path, site_url="http://127.0.0.1:8123", redis_url=None)
-    assert path.stat().st_mode & 0o777 == 0o600 and launcher_state.read(tmp_path)
-    path.chmod(0o644)  # readable by others: someone could have written it, and read the password
-    assert launcher_state.read(tmp_path) == {}
-    # A link planted at its name is replaced by the next write, never written through.
-    path.unlink()
-    target = tmp_path / "elsewhere"
-    target.write_text("keep me")
-    path.symlink_to(target)
-    assert launcher_state.read(tmp_path) == {}
-    launcher_state.write(tmp_path, site_url="http://127.0.0.1:8123", redis_url=None)
-    assert target.read_text() == "keep me" and not path.is_symlink()
-    # Removing it leaves another launcher's file alone.
-    state = json.loads(path.read_text())
-    path.write_text(json.dumps({**state, "pid": 1}))
-    path.chmod(0o600)
-    launcher_state.remove(tmp_path)
-    assert path.exists()
+        shutil.rmtree(shared, ignore_errors=True)
