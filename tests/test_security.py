@@ -480,3 +480,23 @@ def test_a_request_body_over_the_cap_is_refused_before_the_app_reads_it():
     assert _asgi_post(limited, [b"x"], [(b"content-length", b"-1")])[0] == 413
     # Within the cap, nothing changes.
     assert _asgi_post(limited, [b"x" * 600], [(b"content-length", b"600")])[:2] == (200, b"600")
+
+
+def test_markdown_never_sees_more_link_brackets_than_it_can_scan_quickly(monkeypatch):
+    """Python-Markdown scans ahead at every "[" for the end of a link: 8,000 unmatched ones
+    in a thesis idea took 12 s a page view (docs/security.md has the figures). Past
+    MAX_LINK_BRACKETS they are set aside while rendering and come back as text."""
+    import markdown as md
+
+    from research import markdown as rendering
+
+    seen: list[str] = []
+    real = md.markdown
+    monkeypatch.setattr(rendering.md, "markdown", lambda text, **kw: seen.append(text) or real(text, **kw))
+    idea = "See [the trace](https://example.com/t). " + "[" * 20_000 + " <script>x</script>"
+    html = str(rendering.render_markdown(idea))
+    assert seen[-1].count("[") == 0
+    assert html.count("[") == 20_001 and "<script>" not in html  # every bracket shown, nothing unsafe
+    assert 'href="https://example.com/t"' not in html  # no link is made of them past the limit
+    few = str(rendering.render_markdown("See [the trace](https://example.com/t). " + "[" * 10))
+    assert seen[-1].count("[") == 11 and 'href="https://example.com/t"' in few
