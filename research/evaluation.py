@@ -43,6 +43,11 @@ def evaluate_source(
             kept = Path(scratch) / kept_file_name(baseline_kernel)
             kept.parent.mkdir()
             kept.write_text(baseline_source)
+        # The harness's unprivileged worker reads both through the jail: made under the
+        # quick start's umask 077 they were this process's alone.
+        for written in (path, kept):
+            if written is not None:
+                written.chmod(0o644)
         command = [settings.HARNESS_PYTHON or sys.executable, *harness_arguments(
             op=op, candidate=str(path), device=device, dsl=dsl, context_lengths=context_lengths,
             batch_sizes=batch_sizes, baseline=str(kept) if kept else None)]

@@ -409,3 +409,16 @@ def test_a_child_has_exited_when_it_is_closed_and_its_memory_is_free(tmp_path, m
     assert result.correct is True
     assert len(closed) >= 3 and all(pid is not None for pid, _ in closed)
     assert [state for _, state in closed if state not in (None, "Z")] == []
+
+
+def test_the_jail_works_under_an_operators_umask_077(tmp_path):
+    """The quick start writes its data under umask 077; the jail's folders, made with it,
+    were the judge's alone, and the unprivileged worker could not exec its interpreter
+    (every candidate "exited with status 1 while starting")."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.harness", "evaluate", "rmsnorm", "baseline", "--ctx", "64",
+         "--batch", "1", "--time-budget", "0.1", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        preexec_fn=lambda: os.umask(0o077))
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "no-gain", [g for g in result["guards"] if g["status"] == "fail"]

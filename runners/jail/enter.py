@@ -201,6 +201,10 @@ def _give_up_privileges(libc: ctypes.CDLL, plan: Plan) -> None:
 def run(plan: Plan, supervisor: socket.socket, report: int) -> NoReturn:
     """Builds the jail around this process and execs the worker; never returns."""
     try:
+        # The folders this builds are traversed by the unprivileged worker: under an
+        # operator's umask 077 (the quick start's) they were its owner's alone, and the
+        # worker could not even exec its interpreter.
+        os.umask(0o022)
         libc = _libc()
         _checked(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
                  "unshare(mount, network, IPC, UTS namespaces)")
