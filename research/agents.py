@@ -18,7 +18,6 @@ its change is read with a git directory the agent never saw (`workspace.scratch_
 
 from __future__ import annotations
 
-import ast
 import os
 import posixpath
 import secrets

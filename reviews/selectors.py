@@ -13,7 +13,6 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from research import workspace

@@ -82,8 +82,8 @@ def candidate_decide(request: HttpRequest, candidate_id: int) -> HttpResponse:
             status = 403
         except ValidationError as error:
             if hasattr(error, "error_dict"):
-                for field, messages in error.message_dict.items():
-                    form.add_error(field if field in form.fields else None, messages)
+                for field, field_messages in error.message_dict.items():
+                    form.add_error(field if field in form.fields else None, field_messages)
             else:
                 form.add_error(None, error.messages)
             status = 409 if getattr(error, "code", None) in CONFLICT_CODES else 422
