@@ -310,6 +310,16 @@ def commit_info(rev: str) -> dict[str, str]:
             "committer_email": committer_email, "parents": parents.split(), "message": body}
 
 
+def main_line(files: list[str], rev: str = MAIN) -> list[tuple[str, str]]:
+    """(commit, subject) of every commit on main's first-parent line (up to `rev`, one of
+    its commits) that changed one of `files`, oldest first: the seed, then each keep and
+    undo that touched them."""
+    ensure()
+    out = _git("log", "--first-parent", "--reverse", "--format=%H%x00%s",
+               _heads(rev) if rev == MAIN else rev, "--", *files)
+    return [tuple(line.split("\x00", 1)) for line in out.splitlines() if line]
+
+
 def branches(prefix: str = "") -> dict[str, str]:
     out = _git("for-each-ref", "--format=%(refname:short) %(objectname)", f"refs/heads/{prefix}")
     return dict(line.split(" ", 1) for line in out.splitlines() if line)

@@ -279,3 +279,56 @@ def path_figure(points: Sequence[dict]) -> Figure:
 def _label(point: dict, limit: int = 40) -> str:
     text = f"{point['candidate']}: {point['label']}"
     return plotly_text(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def compound_figure(report: dict) -> Figure:
+    """The waterfall of one loop (a report of runners.harness.compound): the shipped
+    baselines' tokens per second, then each keep's or undo's change, coloured by its
+    sign (grey where it is within this run's noise floor), and the machine's roofline as
+    a line above when the hardware has one."""
+    stages = report["stages"]
+    labels = [f"{index}. {plotly_text(stage['label'])}" for index, stage in enumerate(stages)]
+    values = [stages[0]["tokens_per_s"]] + [
+        stage["tokens_per_s"] - before["tokens_per_s"] for before, stage in zip(stages, stages[1:])]
+    hover = []
+    for index, stage in enumerate(stages):
+        low, high = stage["tokens_per_s_ci"]
+        text = f"{stage['tokens_per_s']:,.0f} tokens/s [{low:,.0f}, {high:,.0f}]"
+        if index:
+            s_low, s_high = stage["speedup_ci"]
+            verdict = "significant" if stage["significant"] else "within the noise floor"
+            text += f"<br>{stage['speedup']:.3f}× the stage before [{s_low:.3f}, {s_high:.3f}], {verdict}"
+        hover.append(f"{labels[index]}<br>{text}")
+    # Plotly colours a waterfall's rises and falls, not its significance: grey bars
+    # are drawn over the steps that are within the noise floor.
+    traces: list[dict] = [{
+        "type": "waterfall", "orientation": "v", "name": "tokens/s",
+        "x": labels, "y": values, "measure": ["absolute"] + ["relative"] * (len(stages) - 1),
+        "text": [f"{stage['tokens_per_s']:,.0f}" for stage in stages], "textposition": "outside",
+        "hovertext": hover, "hoverinfo": "text",
+        "increasing": {"marker": {"color": WIN_COLOUR}}, "decreasing": {"marker": {"color": LOSS_COLOUR}},
+        "totals": {"marker": {"color": KEPT_COLOUR}},
+        "connector": {"line": {"color": GREY, "dash": "dot"}},
+    }]
+    noisy = [index for index, stage in enumerate(stages) if index and not stage["significant"]]
+    if noisy:
+        traces.append({
+            "type": "bar", "name": "within the noise floor", "x": [labels[i] for i in noisy],
+            "base": [min(stages[i - 1]["tokens_per_s"], stages[i]["tokens_per_s"]) for i in noisy],
+            "y": [abs(values[i]) for i in noisy], "marker": {"color": GREY},
+            "hovertext": [hover[i] for i in noisy], "hoverinfo": "text",
+        })
+    roofline = report.get("roofline_tokens_per_s")
+    if roofline:
+        traces.append({
+            "type": "scatter", "mode": "lines", "name": "roofline", "x": [labels[0], labels[-1]],
+            "y": [roofline, roofline], "line": {"color": WARN_COLOUR, "dash": "dash"},
+            "hovertemplate": f"roofline: {roofline:,.0f} tokens/s (datasheet bandwidth)<extra></extra>",
+        })
+    return {"data": traces, "layout": {
+        **LAYOUT, "height": 380, "barmode": "overlay", "showlegend": bool(roofline or noisy),
+        "legend": {"orientation": "h", "y": -0.35, "x": 0},
+        "margin": {**LAYOUT["margin"], "b": 110},
+        "yaxis": {"title": {"text": "decode tokens/s"}, "rangemode": "tozero", "automargin": True},
+        "xaxis": {"automargin": True, "tickangle": -20},
+    }}

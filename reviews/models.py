@@ -115,3 +115,35 @@ class Review(models.Model):
         low = "…" if self.dispatch_min is None else f"{self.dispatch_min:,}"
         high = "…" if self.dispatch_max is None else f"{self.dispatch_max:,}"
         return f"{axis} {low}–{high}"
+
+
+class CompoundRun(models.Model):
+    """One measurement of a hardware class's "kernels compound" waterfall: the decode
+    loop's tokens per second with the kept kernels stacked in, one stage per keep or
+    undo (reviews.compounding). Asked for after every keep and undo, measured by a
+    worker of that class (its queue), one run per head of main."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        DONE = "done", "Measured"
+        FAILED = "failed", "Failed"
+
+    hardware = models.CharField(max_length=16)
+    # Main's head when it was asked for: the stages are its history.
+    main_commit = models.CharField(max_length=40)
+    queue = models.CharField(max_length=64)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.QUEUED)
+    # One harness report a loop (runners.harness.compound), with each stage's commit.
+    reports = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    provenance = models.JSONField(default=dict, blank=True)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["hardware", "main_commit"],
+                                               name="compound_one_run_per_head")]
+
+    def __str__(self) -> str:
+        return f"waterfall of {self.hardware} at {self.main_commit[:12]} ({self.status})"

@@ -23,6 +23,7 @@ from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from research.provenance import is_imported
 from research.services import describe_params
+from reviews import compounding
 from reviews.live import publish_queue_changed
 from reviews.models import DECIDE_PERMISSION, Review, UnverifiedKeepRequest
 from reviews.selectors import candidate_hidden_characters
@@ -305,6 +306,7 @@ def candidate_keep(*, candidate: Candidate, reviewer, commit: str, comment: str 
         review.save()
         _notify(type="candidate.kept", review=review, candidate=candidate, measured=measured)
         transaction.on_commit(publish_queue_changed)
+        compounding.request_on_commit(sweep.hardware)
         workspace.publish([workspace.RefUpdate(workspace.MAIN, merge.commit, old=merge.previous_main)])
     return review
 
@@ -405,5 +407,6 @@ def candidate_undo(*, candidate: Candidate, reviewer, commit: str, comment: str)
         review.save()
         _notify(type="candidate.undone", review=review, candidate=candidate)
         transaction.on_commit(publish_queue_changed)
+        compounding.request_on_commit(sweep.hardware)
         workspace.publish([workspace.RefUpdate(workspace.MAIN, undo.commit, old=undo.previous_main)])
     return review

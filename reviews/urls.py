@@ -12,5 +12,6 @@ urlpatterns = [
     path("candidates/<int:candidate_id>/retime/", views.candidate_retime, name="candidate_retime"),
     path("ops/<str:op>/", views.op_detail, name="op_detail"),
     path("path/", views.path_team, name="path_team"),
+    path("path/compound/", views.path_compound, name="path_compound"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
 ]

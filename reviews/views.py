@@ -20,7 +20,7 @@ from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
 from research.models import Candidate
-from reviews import charts, retiming, selectors, services
+from reviews import charts, compounding, retiming, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
 from reviews.models import Review
 from reviews.verification import lab_measurement, verification, verification_start
@@ -280,7 +280,15 @@ def path_team(request: HttpRequest) -> HttpResponse:
     return render(request, "reviews/path.html", {
         "path_figure": charts.path_figure(selectors.path_points()),
         "ops": ops.list_ops(),
+        "waterfalls": compounding.waterfalls(),
     })
+
+
+@login_required
+@require_GET
+def path_compound(request: HttpRequest) -> HttpResponse:
+    """The waterfalls alone: the path page asks again while a run waits."""
+    return render(request, "reviews/path.html#compound", {"waterfalls": compounding.waterfalls()})
 
 
 @login_required

@@ -228,3 +228,42 @@ def test_a_keep_marks_another_waiting_win_stale_live_and_it_is_re_timed(app):
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "browser-stale-last-page.png"), full_page=True)
             browser.close()
+
+
+def test_a_keep_for_every_size_steps_the_waterfall_which_the_worker_measures_live(app):
+    """The launched app's own worker measures the CPU class's waterfall after the keep;
+    the path page, open while it waits, draws it when it lands."""
+    username, password = app.login()
+    candidate_id = _create_waiting_win(app, title="Rows in blocks, for every size", number=4)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_context(base_url=app.url, viewport={"width": 800, "height": 900}).new_page()
+        page.set_default_timeout(30_000)
+        try:
+            _log_in(page, username, password)
+            page.goto(f"/candidates/{candidate_id}/")
+            # Served everywhere: the decode loop's eight tokens a step are in its range.
+            page.fill("input[name=dispatch_min]", "")
+            page.fill("input[name=dispatch_max]", "")
+            page.fill("textarea[name=comment]", "Faster at every size we measured.")
+            page.click("#keep")
+            expect(page.locator("#decision-outcome")).to_contain_text("Kept")
+
+            page.goto("/path/")
+            page.evaluate("window.__sameDocument = true")
+            chart = page.locator("#compound-cpu-dsa_indexer_topk_paged_fp8-chart .main-svg").first
+            expect(chart).to_be_attached(timeout=300_000)
+            assert page.evaluate("window.__sameDocument") is True
+            expect(page.locator("#compound-cpu-waiting")).to_have_count(0)
+            labels = page.evaluate(
+                "document.getElementById('compound-cpu-dsa_indexer_topk_paged_fp8-chart').data[0].x")
+            assert labels[0] == "0. shipped baselines"
+            assert labels[-1].startswith(f"{len(labels) - 1}. keep rmsnorm ") and labels[-1].endswith("(blocked)")
+            # The legend and the slanted labels stay inside the card on a narrow page.
+            card = page.locator("#compound").bounding_box()
+            plot = page.locator("#compound-cpu-dsa_indexer_topk_paged_fp8-chart .main-svg").first.bounding_box()
+            assert plot["x"] >= card["x"] and plot["x"] + plot["width"] <= card["x"] + card["width"] + 1
+        finally:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "browser-waterfall-last-page.png"), full_page=True)
+            browser.close()

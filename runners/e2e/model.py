@@ -97,6 +97,12 @@ def _layer_weights(s: ModelShape, weight: Callable[..., torch.Tensor], device: s
     }
 
 
+def layer_weights_meta(s: ModelShape) -> dict[str, torch.Tensor]:
+    """A layer's weights with shapes and dtypes but no memory, for the loop's roofline."""
+    return _layer_weights(s, lambda *dims, scale_dim: torch.empty(*dims, device="meta",
+                                                                 dtype=torch.bfloat16), "meta")
+
+
 def moe(s: ModelShape, layer: dict, x: torch.Tensor, rmsnorm: Kernel) -> torch.Tensor:
     h = rmsnorm(x, layer["moe_norm"], RMS_EPS)
     scores = (h @ layer["router"]).float().sigmoid()

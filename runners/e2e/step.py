@@ -10,7 +10,7 @@ call over paged caches whose contexts grow by a token every step, captured once.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -44,12 +44,14 @@ def kept_dispatch() -> dict[str, Kernel]:
 
 
 def build_step(op_name: str, kernel: Kernel, *, device: str, context_length: int, batch: int,
-               seed: int) -> Callable[[], torch.Tensor]:
+               seed: int, others: Mapping[str, Kernel] | None = None) -> Callable[[], torch.Tensor]:
     """A zero-argument callable running one decode step with `kernel` serving `op_name`
-    (K steps of the decode loop for the paged ops)."""
-    if op_name not in DISPATCHED_OPS:
-        raise ValueError(f"the decode step does not dispatch {op_name!r} (it dispatches {', '.join(DISPATCHED_OPS)})")
-    kernels = kept_dispatch()
+    (K steps of the decode loop for the paged ops) and `others` serving their ops (the
+    ops' shipped baselines serve the rest)."""
+    for name in (op_name, *(others or {})):
+        if name not in DISPATCHED_OPS:
+            raise ValueError(f"the decode step does not dispatch {name!r} (it dispatches {', '.join(DISPATCHED_OPS)})")
+    kernels = {**kept_dispatch(), **(others or {})}
     kernels[op_name] = kernel
     if op_name in PAGED_OPS:
         step = PagedDecodeLoop(SHAPES[device], context_length=context_length, batch=batch,

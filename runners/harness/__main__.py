@@ -1,5 +1,6 @@
 """Command line: `python -m runners.harness evaluate OP CANDIDATE ...`, `... sweep OP KERNEL
-... --out FILE` (runners.harness.sweep) and `... ops`.
+... --out FILE` (runners.harness.sweep), `... compound STAGES.json` (the kept kernels'
+waterfall, runners.harness.compound) and `... ops`.
 
 With --json, stdout carries exactly one JSON object. Candidates run in child processes
 whose output goes to stderr; still, before anything runs the real stdout is moved to a
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from runners.harness import compound, roofline
 from runners.harness.e2e_command import BUDGET_S as E2E_COMMAND_BUDGET_S
 from runners.harness.evaluate import DSLS, UsageError, evaluate
 from runners.harness.result import EvaluationResult
@@ -101,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
     swept.add_argument("--e2e-command", metavar="CMD", help="as for evaluate")
     swept.add_argument("--e2e-command-budget", type=float, default=E2E_COMMAND_BUDGET_S, metavar="SECONDS")
     swept.add_argument("--out", required=True, help="the results file to write (JSON Lines; must not exist)")
+
+    stacked = commands.add_parser(
+        "compound", help="time the decode loop with each stage's kept kernels stacked in (a waterfall)")
+    stacked.add_argument("stages", help="the stages file (runners/harness/compound.py says its format)")
+    stacked.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    stacked.add_argument("--time-budget", type=float, default=10.0, help="seconds of timing in all")
+    stacked.add_argument("--seed", type=int, help="repeat a run: the seed its result revealed")
+    stacked.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     ops = commands.add_parser("ops", help="list the ops and their default workloads")
     ops.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -206,6 +216,31 @@ def _sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _compound_command(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.time_budget > 0:
+        raise UsageError(f"the time budget must be positive, not {args.time_budget}")
+    try:
+        loop, stages = compound.read_stages(Path(args.stages))
+        report = compound.measure(loop, stages, device=args.device, budget_s=args.time_budget,
+                                  seed=args.seed, hardware=roofline.hardware_key(args.device),
+                                  progress=_say)
+    except compound.CompoundError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        out.write(json.dumps(report) + "\n")
+        return 0
+    out.write(f"{loop} loop, ctx={report['context_length']}, batch {report['batch']}, "
+              f"{report['decode_steps']} steps a call; A/A noise floor {report['noise_floor_pct']:.2g}%\n")
+    for stage in report["stages"]:
+        change = (f"  {stage['speedup']:.3f}x over the stage before"
+                  + (" significant" if stage["significant"] else "")) if "speedup" in stage else ""
+        out.write(f"  {stage['tokens_per_s']:>12,.0f} tokens/s  {stage['label']}{change}\n")
+    if report["roofline_tokens_per_s"]:
+        out.write(f"  {report['roofline_tokens_per_s']:>12,.0f} tokens/s  roofline\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = _protect_stdout()
@@ -214,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ops_command(args, out)
         if args.command == "sweep":
             return _sweep_command(args, out)
+        if args.command == "compound":
+            return _compound_command(args, out)
         return _evaluate_command(args, out)
     except (UsageError, UnknownOpError, WorkloadError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

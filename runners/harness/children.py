@@ -214,7 +214,8 @@ class Child:
             scratch=self.scratch, root=self._root,
             argv=[sys.executable, "-s", "-m", "runners.harness.worker", f"{requests_read:05d}",
                   f"{replies_write:05d}"],
-            files=[Path(setup["candidate"])], dsl=setup["dsl"], device=setup["device"],
+            files=[Path(setup["candidate"]), *map(Path, (setup.get("others") or {}).values())],
+            dsl=setup["dsl"], device=setup["device"],
             environment=env, cpus=setup.get("cpus"), start_cpus=setup.get("start_cpus"),
             cpu_seconds=setup["cpu_seconds"],
             file_bytes=setup["file_bytes"])

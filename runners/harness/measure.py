@@ -369,6 +369,12 @@ def round_orders(sides: tuple[str, ...]) -> list[tuple[str, ...]]:
     like the second), and arranged so that no side is called twice in a row across two
     rounds and each side follows each other equally often (a call right after one's own
     finds its caches warm)."""
+    if len(sides) < 3:
+        # One side has one order; two sides alternate (one of them then runs twice in
+        # a row across rounds, which no order of two avoids).
+        return [tuple(sides), tuple(reversed(sides))][: max(1, len(sides))]
+    if len(sides) > 3:
+        return _williams_orders(sides)
     first, *others = itertools.permutations(sides)
     for rest in itertools.permutations(others):
         cycle = [first, *rest]
@@ -376,6 +382,21 @@ def round_orders(sides: tuple[str, ...]) -> list[tuple[str, ...]]:
         if all(left != right for left, right in joins) and len(set(joins)) == len(joins):
             return cycle
     raise ValueError(f"no fair order of rounds for {len(sides)} sides")
+
+
+def _williams_orders(sides: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Orders for four sides or more (a waterfall's stages), where trying every order is
+    out of reach: a Williams design, in which each side takes every place once and
+    follows every other side once (twice for an odd count, which needs the mirrored
+    rows after them), and no side runs twice in a row across rounds."""
+    n = len(sides)
+    first = [0]
+    for step in range(1, n):
+        first.append((first[-1] + (step if step % 2 else -step)) % n)
+    rows = [[(index + shift) % n for index in first] for shift in range(n)]
+    if n % 2:
+        rows += [list(reversed(row)) for row in rows]
+    return [tuple(sides[index] for index in row) for row in rows]
 
 
 def _interleave(

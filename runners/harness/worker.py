@@ -83,6 +83,9 @@ class Worker:
         self.op = get_op(op_name)
         self.inputs = inputs
         self.threads_at_start = threading.active_count()
+        # Kernels of other ops the decode step dispatches in this process (a stage of
+        # runners.harness.compound), loaded with the candidate; empty for an evaluation.
+        self.others: dict[str, Any] = {}
         # Read before any candidate code runs: the worker is built before the import.
         self.configuration = ConfigurationWatch(self.op, device)
 
@@ -152,7 +155,7 @@ class Worker:
         self._drop({"slots": [slot]})
         step = build_step(self.op.name, self.runner.forward, device=self.device,
                           context_length=request["context_length"], batch=request["batch"],
-                          seed=request["seed"])
+                          seed=request["seed"], others=self.others)
         output = step()
         found: dict[str, Any] = {}
         if self.device == "cuda":
@@ -260,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     box.install()
     try:
         candidate = load_candidate(Path(setup["candidate"]))
+        worker.others = {op: load_candidate(Path(path)).forward
+                         for op, path in (setup.get("others") or {}).items()}
     except CandidateError as error:
         wire.write_message(replies, {"ok": False, "kind": "load", "error": str(error),
                                      **worker.watchdog()})

@@ -19,4 +19,8 @@
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-figure]").forEach(draw);
   });
+  // A fragment htmx swapped in (a part of the page asked for again) draws its own.
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (window.Plotly) event.target.querySelectorAll("[data-figure]").forEach(draw);
+  });
 })();
