@@ -151,8 +151,12 @@ def measure(run_id: int) -> CompoundRun | None:
     run = CompoundRun.objects.filter(pk=run_id, status=CompoundRun.Status.QUEUED).first()
     if run is None:
         return None  # measured already, or sent again
+    newer = CompoundRun.objects.filter(hardware=run.hardware, requested_at__gt=run.requested_at).first()
     reports = []
     try:
+        if newer is not None:
+            # A burst of keeps: the newest head's run measures every stage of this one too.
+            raise MeasureFailed(f"superseded by the run at {newer.main_commit[:12]}")
         for loop, found in loops(run.hardware, run.main_commit).items():
             report = _run_harness(loop, found, device=HARDWARE[run.hardware].device)
             for stage, spec in zip(report["stages"], found, strict=True):

@@ -212,6 +212,15 @@ def test_a_keep_asks_its_hardwares_worker_for_a_run_once_a_head(people, workspac
     assert run.main_commit == workspace.main_head()
     assert compounding.request("cpu") is None  # that head has its run
     assert CompoundRun.objects.count() == 1
+    # A later keep's run makes this one's measurement moot: the worker skips it.
+    later = _win(people, thesis, 2)
+    with django_capture_on_commit_callbacks(execute=True):
+        _keep(later, people.reviewer)
+    skipped = compounding.measure(run.pk)
+    assert (skipped.status, skipped.error) == (CompoundRun.Status.FAILED,
+                                               f"superseded by the run at {workspace.main_head()[:12]}")
+    measured, waiting = compounding.latest("cpu")
+    assert measured is None and waiting.main_commit == workspace.main_head()
 
 
 @pytest.mark.django_db
