@@ -48,31 +48,40 @@ def evaluate_source(
         for written in (path, kept):
             if written is not None:
                 written.chmod(0o644)
-        command = [settings.HARNESS_PYTHON or sys.executable, *harness_arguments(
+        arguments = harness_arguments(
             op=op, candidate=str(path), device=device, dsl=dsl, context_lengths=context_lengths,
-            batch_sizes=batch_sizes, baseline=str(kept) if kept else None)]
+            batch_sizes=batch_sizes, baseline=str(kept) if kept else None)
         try:
-            done = subprocess.run(
-                command,
-                cwd=PROJECT_ROOT,
-                capture_output=True,
-                text=True,
-                timeout=settings.CANDIDATE_TIME_LIMIT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return harness_failure(
-                f"the evaluation ran past its limit of {settings.CANDIDATE_TIME_LIMIT_S} s"
-            )
+            result = harness_json(arguments, timeout_s=settings.CANDIDATE_TIME_LIMIT_S, what="the evaluation")
+        except HarnessFailed as failure:
+            return harness_failure(str(failure))
+    if "verdict" not in result:
+        return harness_failure("the harness printed JSON without a verdict")
+    return result
+
+
+class HarnessFailed(Exception):
+    """The harness command ran past its limit, failed, or printed no JSON object."""
+
+
+def harness_json(arguments: list[str], *, timeout_s: float, what: str) -> dict:
+    """Runs `python -m runners.harness ARGUMENTS` in a child (the interpreter the workers
+    are given) and returns the one JSON object it prints; HarnessFailed says why not."""
+    command = [settings.HARNESS_PYTHON or sys.executable, *arguments]
+    try:
+        done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise HarnessFailed(f"{what} ran past its limit of {timeout_s:g} s") from None
     if done.returncode != 0:
         last_line = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return harness_failure(f"the harness exited with status {done.returncode}: {last_line}")
+        raise HarnessFailed(f"the harness exited with status {done.returncode}: {last_line}")
     try:
         result = json.loads(done.stdout)
     except json.JSONDecodeError:
-        return harness_failure("the harness did not print one JSON object")
-    if not isinstance(result, dict) or "verdict" not in result:
-        return harness_failure("the harness printed JSON without a verdict")
+        raise HarnessFailed("the harness did not print one JSON object") from None
+    if not isinstance(result, dict):
+        raise HarnessFailed("the harness did not print one JSON object")
     return result
 
 

@@ -17,17 +17,14 @@ loop dispatches, the kernel its dispatch list at that commit serves at the loop'
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from research import workers, workspace
+from research import evaluation, workers, workspace
 from research.hardware import HARDWARE
 from research.provenance import worker_provenance
 from reviews.charts import compound_figure
@@ -35,7 +32,6 @@ from reviews.models import CompoundRun, Review
 from runners.harness import compound
 from runners.ops import get_op
 
-PROJECT_ROOT = Path(settings.BASE_DIR)
 # Seconds of timing a loop gets in all (the harness caps it on the CPU).
 TIME_BUDGET_S = 10.0
 # A run measures up to four loops of a handful of stages; each stage's process builds
@@ -188,21 +184,13 @@ def _run_harness(loop: str, found: list[dict], *, device: str) -> dict:
             document["stages"].append({"label": stage["label"], "kernels": kernels})
         stages_file = folder / "stages.json"
         stages_file.write_text(json.dumps(document), encoding="utf-8")
-        command = [settings.HARNESS_PYTHON or sys.executable, "-m", "runners.harness", "compound",
-                   str(stages_file), "--device", device, "--json", "--time-budget", str(TIME_BUDGET_S)]
         try:
-            done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                  timeout=TIME_LIMIT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise MeasureFailed(f"the {loop} loop ran past its limit of {TIME_LIMIT_S} s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise MeasureFailed(f"the {loop} loop could not be measured: {last}")
-    try:
-        report = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        raise MeasureFailed(f"the harness did not print one JSON object for the {loop} loop") from None
-    if not isinstance(report, dict) or len(report.get("stages") or []) != len(found):
+            report = evaluation.harness_json(
+                ["-m", "runners.harness", "compound", str(stages_file), "--device", device, "--json",
+                 "--time-budget", str(TIME_BUDGET_S)], timeout_s=TIME_LIMIT_S, what=f"the {loop} loop")
+        except evaluation.HarnessFailed as failure:
+            raise MeasureFailed(f"the {loop} loop could not be measured: {failure}") from None
+    if len(report.get("stages") or []) != len(found):
         raise MeasureFailed(f"the harness's report of the {loop} loop does not have its {len(found)} stages")
     return report
 

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from runners.e2e import model as e2e_model
 from runners.e2e.step import DISPATCHED_OPS, PAGED_OPS
