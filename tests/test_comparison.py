@@ -242,6 +242,8 @@ def test_the_review_page_links_the_comparison_which_shows_both_and_starts_the_he
     own = client.get(run.get_absolute_url()).content.decode()
     assert 'id="head-to-head-note"' in own and "not keepable: it says which of" in own
     assert 'id="decision-form"' not in own and 'id="retime"' not in own
+    sweep_page = client.get(run.sweep.get_absolute_url()).content.decode()
+    assert f"{second.label}</a>'s source, against candidate" in sweep_page and "(not keepable)" in sweep_page
 
 
 def test_the_comparison_page_refuses_other_classes_with_400_and_unknown_candidates_with_404(client, people,
@@ -259,3 +261,16 @@ def test_the_comparison_page_refuses_other_classes_with_400_and_unknown_candidat
     assert not Sweep.objects.filter(strategy="head_to_head").exists()
     client.logout()
     assert client.get(reverse("candidate_compare", args=[first.pk, gpu.pk])).status_code == 302  # to the login
+
+
+def test_the_comparison_page_shows_each_sides_end_to_end_delta_and_failed_guards(client, people, two_wins):
+    first, _ = two_wins
+    result = recorded_result(e2e={"baseline_ms": 2.0, "candidate_ms": 1.8})
+    result["guards"].append({"name": "plausibility", "status": "warn", "detail": "more than 10x: read it first"})
+    other = record(start_sweep(make_thesis(people.author, title="End to end"), people.producer, budget=3)
+                   .candidates.get(number=3), result)
+    client.force_login(people.reviewer)
+    page = client.get(reverse("candidate_compare", args=[first.pk, other.pk])).content.decode()
+    side_a, side_b = page.split('id="side-a"')[1].split('id="side-b"')
+    assert "not measured" in side_a and "faster</strong>\n  per decode step: 2.000 → 1.800 ms (-10.00 % time)" in side_b
+    assert "scrutiny" in side_b and "scrutiny" not in side_a
