@@ -230,7 +230,8 @@ def test_the_review_page_links_the_comparison_which_shows_both_and_starts_the_he
     run = Candidate.objects.get(sweep__strategy="head_to_head")
     text = started.content.decode()
     assert started.redirect_chain == [(url, 302)] and f"timed against {first.label} as {run.label}" in text
-    assert f'id="head-to-head-{run.pk}"' in text and "queued" in text and 'id="head-to-head-refusal"' in text
+    assert f'id="head-to-head-{run.pk}"' in text and '<span class="badge queued">queued</span>' in text
+    assert f"Not offered: head-to-head {run.label} of these two is queued already" in text
     with django_capture_on_commit_callbacks(execute=True):
         again = client.post(reverse("candidate_head_to_head", args=[first.pk, second.pk]), follow=True)
     assert "Not timed against each other: head-to-head" in again.content.decode()
@@ -238,7 +239,8 @@ def test_the_review_page_links_the_comparison_which_shows_both_and_starts_the_he
 
     run = record(run, recorded_result())
     done = client.get(url).content.decode()
-    assert f"{second.label} over {first.label} [CI]" in done and f"{second.label} is faster: candidate for tokens" in done
+    assert f"{second.label} over {first.label} [CI]" in done
+    assert f"{second.label} is faster: candidate for tokens 64–64" in done
     own = client.get(run.get_absolute_url()).content.decode()
     assert 'id="head-to-head-note"' in own and "not keepable: it says which of" in own
     assert 'id="decision-form"' not in own and 'id="retime"' not in own
