@@ -76,6 +76,9 @@ class Sweep(models.Model):
         VERIFY = "verify", "Verification of an imported result"
         # One waiting win evaluated again against the kernel kept since it was timed.
         RETIME = "retime", "Re-timed against a newer kept kernel"
+        # One waiting win's source timed against another's, where both claim the same sizes:
+        # it says which of the two is faster where, and is never kept itself.
+        HEAD_TO_HEAD = "head_to_head", "Head-to-head of two waiting wins"
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -121,6 +124,12 @@ class Sweep(models.Model):
     # A RETIME sweep: the stale win whose source it evaluates against today's kept kernel.
     retimes = models.ForeignKey("Candidate", null=True, blank=True, on_delete=models.CASCADE,
                                 related_name="retimings")
+    # A HEAD_TO_HEAD sweep: the win whose source it times (the challenger), and the win
+    # whose source it is timed against (in place of the kept kernel).
+    challenger = models.ForeignKey("Candidate", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="head_to_heads_as_challenger")
+    challenged = models.ForeignKey("Candidate", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="head_to_heads_as_challenged")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -130,7 +139,13 @@ class Sweep(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(done__lte=models.F("total")), name="sweep_done_within_total"
-            )
+            ),
+            # A head-to-head names both of its wins, and only a head-to-head names any.
+            models.CheckConstraint(
+                condition=models.Q(strategy="head_to_head", challenger__isnull=False, challenged__isnull=False)
+                | (~models.Q(strategy="head_to_head") & models.Q(challenger__isnull=True, challenged__isnull=True)),
+                name="sweep_head_to_head_names_both_wins",
+            ),
         ]
 
     def __str__(self) -> str:

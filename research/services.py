@@ -320,8 +320,8 @@ def sweep_of_one(*, thesis: Thesis, started_by, kernel: str, strategy: str, hard
                  fork: str, **link: Candidate) -> Candidate:
     """A sweep of one candidate, `source` forked from `fork`, queued on the hardware's
     queue: a worker measures it again (a VERIFY sweep of an import, a RETIME of a stale
-    win; `link` names the candidate it is about). Runs under the caller's workspace lock
-    and transaction."""
+    win, a HEAD_TO_HEAD of two wins; `link` names the candidates it is about). Runs under
+    the caller's workspace lock and transaction."""
     sweep = Sweep.objects.create(
         thesis=thesis, started_by=started_by, kernel=kernel, strategy=strategy, budget=1,
         seed=secrets.randbits(32), hardware=hardware, queue=HARDWARE[hardware].queue, total=1,
@@ -732,9 +732,9 @@ def candidate_revise(*, candidate: Candidate, source: str, revised_by, message: 
         sweep = candidate.sweep
         if revised_by.pk not in {sweep.started_by_id, sweep.thesis.author_id}:
             raise PermissionDenied("only the sweep's starter or the thesis author may revise its candidates")
-        if sweep.strategy in (Sweep.Strategy.IMPORTED, Sweep.Strategy.VERIFY):
-            # An import is what its file measured, a verification what a worker measured of
-            # it: a new revision of either would be another roll of the dice.
+        if sweep.strategy in (Sweep.Strategy.IMPORTED, Sweep.Strategy.VERIFY, Sweep.Strategy.HEAD_TO_HEAD):
+            # An import is what its file measured, a verification or a head-to-head what a
+            # worker measured of other candidates: a new revision would be another roll of the dice.
             raise ValidationError({"source": f"a candidate of an {sweep.strategy} sweep is never revised"})
         if not candidate.commit:
             raise ValidationError({"source": "this candidate has no commit in the kernel workspace"})

@@ -289,10 +289,11 @@ def changed_files(base: str, head: str) -> list[str]:
     return _git("diff", "--name-only", "--no-renames", base, head, "--").split()
 
 
-def diff(base: str, head: str, *, context: int = 5) -> str:
-    """The unified diff between two commits, as git prints it (no colour, no drivers)."""
+def diff(base: str, head: str, *, context: int = 5, files: tuple[str, ...] = ()) -> str:
+    """The unified diff between two commits, as git prints it (no colour, no drivers);
+    with `files`, of those files only."""
     return _git("diff", "--no-color", "--no-ext-diff", "--no-textconv", f"-U{context}",
-                base, head, "--")
+                base, head, "--", *files)
 
 
 def is_ancestor(commit: str, of: str) -> bool:

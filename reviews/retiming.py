@@ -55,6 +55,10 @@ def retime_start(*, candidate: Candidate, requested_by) -> Candidate:
         raise ValidationError("this thesis is archived: restore it to re-time its wins", code="archived")
     if candidate.status != Candidate.Status.DONE or candidate.verdict != "win":
         raise ValidationError("only a win is re-timed", code="not-a-win")
+    if sweep.strategy == Sweep.Strategy.HEAD_TO_HEAD:
+        # It was timed against another win on purpose: re-timing it would just re-time its challenger.
+        raise ValidationError(f"a head-to-head is never kept, so never re-timed: re-time candidate "
+                              f"{sweep.challenger.label} itself", code="head-to-head")
     with workspace.lock(), transaction.atomic():
         locked = Candidate.objects.select_for_update().select_related("sweep__thesis").get(pk=candidate.pk)
         if locked.reviews.filter(revision=locked.revision).exists():

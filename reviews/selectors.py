@@ -32,6 +32,9 @@ RECORDED = [Candidate.Status.DONE, Candidate.Status.FAILED]
 # A VERIFY sweep measures an imported candidate again: it is that candidate's evidence
 # (its review page shows it), not a new candidate to review, chart or count.
 VERIFICATION_RUNS = Q(sweep__strategy=Sweep.Strategy.VERIFY)
+# A HEAD_TO_HEAD sweep times one waiting win against another, not against the kept kernel:
+# its speedup is over a kernel main never ran, so it is not reviewed, charted or counted either.
+RUNS_ABOUT_OTHERS = VERIFICATION_RUNS | Q(sweep__strategy=Sweep.Strategy.HEAD_TO_HEAD)
 
 
 def _decided_now() -> Exists:
@@ -57,7 +60,7 @@ def review_queue(*, op: str = "", hardware: str = "", author: int | None = None,
     queue = (
         Candidate.objects.filter(verdict="win", status=Candidate.Status.DONE)
         .exclude(_decided_now())
-        .exclude(VERIFICATION_RUNS)
+        .exclude(RUNS_ABOUT_OTHERS)
         .exclude(_speed_not_decided_here())
         # An imported win a worker found a win too, and none found otherwise (the badge;
         # reviews.verification decides, with the details).
@@ -166,21 +169,23 @@ def candidate_hidden_characters(candidate: Candidate) -> list[str]:
     return hidden_characters(workspace.diff(candidate.sweep.base_commit, candidate.commit))
 
 
+def commit_diff(old: str, new: str, *, files: tuple[str, ...] = ()) -> list[FileDiff]:
+    """Two workspace commits' diff as the review page shows it (highlighted, hidden
+    characters revealed); with `files`, of those only. Raises workspace.WorkspaceError."""
+    return render_diff(workspace.diff(old, new, files=files),
+                       old_file=lambda file: workspace.read_file(old, file),
+                       new_file=lambda file: workspace.read_file(new, file))
+
+
 def candidate_diffs(candidate: Candidate) -> CandidateDiffs:
     """The git diffs of the review: against the kept kernel the candidate was timed against."""
     base, commit = candidate.sweep.base_commit, candidate.commit
     if not base or not commit:
         return CandidateDiffs([], None, "this candidate has no commit in the kernel workspace")
-
-    def between(old: str, new: str) -> list[FileDiff]:
-        return render_diff(workspace.diff(old, new),
-                           old_file=lambda file: workspace.read_file(old, file),
-                           new_file=lambda file: workspace.read_file(new, file))
-
     try:
-        against_kept = between(base, commit)
+        against_kept = commit_diff(base, commit)
         parents = workspace.commit_info(commit)["parents"]
-        own = between(parents[0], commit) if parents and parents[0] != base else None
+        own = commit_diff(parents[0], commit) if parents and parents[0] != base else None
     except workspace.WorkspaceError as error:
         return CandidateDiffs([], None, str(error))
     return CandidateDiffs(against_kept, own)
@@ -366,7 +371,7 @@ def path_points(*, thesis_id: int | None = None, op: str = "") -> list[dict]:
     with the kept wins before that, and kept wins accumulate along the path; a keep
     undone before the sweep started is no longer part of that kernel.
     """
-    candidates = (Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS)
+    candidates = (Candidate.objects.filter(status__in=RECORDED).exclude(RUNS_ABOUT_OTHERS)
                   .select_related("sweep__thesis"))
     if thesis_id:
         candidates = candidates.filter(sweep__thesis_id=thesis_id)
@@ -474,7 +479,7 @@ def leaderboard(*, days: int | None, now: datetime | None = None) -> dict[str, l
     revision) and not undone, so the hit rate, kept / tried, is over the same candidates. The
     end-to-end speedup contributed is kept per hardware class.
     """
-    candidates = Candidate.objects.filter(status__in=RECORDED).exclude(VERIFICATION_RUNS).annotate(
+    candidates = Candidate.objects.filter(status__in=RECORDED).exclude(RUNS_ABOUT_OTHERS).annotate(
         kept_now=Exists(Review.objects.filter(_kept_now(), candidate=OuterRef("pk"),
                                               revision=OuterRef("revision"))))
     if days is not None:

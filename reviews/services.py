@@ -63,6 +63,12 @@ def _locked_waiting_candidate(*, candidate: Candidate, reviewer, commit: str) ->
         # would keep the import past its own gate, produced by whoever asked for the check.
         raise ValidationError(f"this run verifies candidate {sweep.verifies.label}: decide on that one",
                               code="not-waiting")
+    if sweep.strategy == Sweep.Strategy.HEAD_TO_HEAD:
+        # Timed against another waiting win, not the kept kernel: its speedup is over a kernel
+        # main never ran, so a keep would serve a figure nobody measured (reviews.comparison).
+        raise ValidationError(
+            f"a head-to-head is not keepable: it says which of {sweep.challenged.label} and "
+            f"{sweep.challenger.label} is faster where; decide on those two", code="not-waiting")
     _saw_current_revision(candidate, commit)
     if candidate.reviews.filter(revision=candidate.revision).exists():
         raise ValidationError("this revision is already decided", code="decided")

@@ -97,6 +97,12 @@ def lab_measurement(candidate: Candidate, check: Verification | None) -> Candida
     return check.run if check is not None and check.agrees else candidate
 
 
+def proposed_dispatch(candidate: Candidate, check: Verification | None) -> dict:
+    """The dispatch range the lab's figures propose for `candidate` ({} for none): a
+    verified import's range is its worker run's, never the file's."""
+    return (lab_measurement(candidate, check).result or {}).get("dispatch") or {}
+
+
 def verification_start(*, candidate: Candidate, requested_by) -> Candidate:
     """Queue a worker's evaluation of an imported candidate's commit; returns its candidate.
 

@@ -20,10 +20,10 @@ from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
 from research.models import Candidate
-from reviews import charts, compounding, retiming, selectors, services
+from reviews import charts, comparison, compounding, retiming, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
 from reviews.models import Review
-from reviews.verification import lab_measurement, verification, verification_start
+from reviews.verification import proposed_dispatch, verification, verification_start
 from runners import ops
 
 QUEUE_PAGE = 200
@@ -132,6 +132,53 @@ def candidate_retime(request: HttpRequest, candidate_id: int) -> HttpResponse:
     return redirect(run.sweep)
 
 
+@login_required
+@require_GET
+def candidate_compare_pick(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    """The review page's picker: on to the comparison with the chosen candidate."""
+    candidate = research_selectors.candidate_get(candidate_id)
+    other = request.GET.get("with", "")
+    if not other.isdigit():
+        return _compare_refused(request, "pick a candidate to compare with")
+    return redirect("candidate_compare", candidate.pk, int(other))
+
+
+@login_required
+@require_GET
+def candidate_compare(request: HttpRequest, candidate_id: int, other_id: int) -> HttpResponse:
+    """Two candidates of one op and hardware class side by side (reviews.comparison)."""
+    left = research_selectors.candidate_get(candidate_id)
+    right = research_selectors.candidate_get(other_id)
+    try:
+        compared = comparison.comparison(left, right)
+    except ValidationError as refusal:
+        return _compare_refused(request, " ".join(refusal.messages), candidate=left)
+    return render(request, "reviews/compare.html", {"compared": compared, "left": left, "right": right})
+
+
+def _compare_refused(request: HttpRequest, reason: str, candidate: Candidate | None = None) -> HttpResponse:
+    return render(request, "reviews/compare.html", {"refusal": reason, "left": candidate}, status=400)
+
+
+@login_required
+@require_POST
+@rate_limited("sweep-start")
+def candidate_head_to_head(request: HttpRequest, candidate_id: int, other_id: int) -> HttpResponse:
+    """Time the right-hand win's source against the left-hand one's (reviews.comparison)."""
+    challenged = research_selectors.candidate_get(candidate_id)
+    challenger = research_selectors.candidate_get(other_id)
+    back = redirect("candidate_compare", challenged.pk, challenger.pk)
+    try:
+        run = comparison.head_to_head_start(challenged=challenged, challenger=challenger,
+                                            requested_by=request.user)
+    except ValidationError as error:
+        messages.error(request, "Not timed against each other: " + " ".join(error.messages))
+        return back
+    messages.success(request, f"Candidate {challenger.label} is timed against {challenged.label} as "
+                              f"{run.label}: its result appears here once a worker has it.")
+    return back
+
+
 def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
     sweep = candidate.sweep
     if decided:
@@ -140,6 +187,8 @@ def _may_decide(user, candidate: Candidate, decided: bool) -> tuple[bool, str]:
         return False, "Only an evaluated win waits for a decision."
     if sweep.verifies_id:
         return False, "This run verifies an imported candidate: decide on that one."
+    if note := comparison.head_to_head_note(candidate):
+        return False, note[0].upper() + note[1:] + "."
     return _four_eyes(user, candidate, "review its candidates", "review it")
 
 
@@ -173,12 +222,13 @@ def _hidden_characters(candidate: Candidate) -> list[str]:
 
 def _decision_context(request: HttpRequest, candidate: Candidate, form: DecisionForm | None = None) -> dict:
     decision = selectors.candidate_decision(candidate)
+    head_to_head = comparison.head_to_head_note(candidate)
     may_decide, why_not = _may_decide(request.user, candidate, decision is not None)
     may_undo, why_not_undo = _may_undo(request.user, candidate, decision)
     imported = provenance.is_imported(candidate)
     check = verification(candidate) if imported else None
     # A verified import's range is proposed by the worker's run, never by the file.
-    proposed = (lab_measurement(candidate, check).result or {}).get("dispatch") or {}
+    proposed = proposed_dispatch(candidate, check)
     axis = proposed.get("axis") or selectors.workload_layout(candidate)[0]
     return {
         "candidate": candidate,
@@ -189,8 +239,10 @@ def _decision_context(request: HttpRequest, candidate: Candidate, form: Decision
         "unverified_request": (candidate.unverified_requests.select_related("requested_by")
                                .filter(revision=candidate.revision).first() if imported else None),
         "hidden_characters": _hidden_characters(candidate) if may_decide or form else [],
+        # Timed against another waiting win on purpose: never kept, never re-timed.
+        "head_to_head": head_to_head,
         # Timed against a kernel no longer kept: re-timed, not kept (reviews.retiming).
-        "stale": retiming.stale_reason(candidate) if decision is None else None,
+        "stale": retiming.stale_reason(candidate) if decision is None and not head_to_head else None,
         "retimings": retiming.retimings(candidate),
         # A CPU win of an op served on GPUs: revertable, never kept for speed.
         "speed_not_decided": services.speed_not_decided_here(candidate),
@@ -250,6 +302,7 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
         "idea_html": render_markdown(thesis.idea),
         "evidence": evidence,
         "history": selectors.op_kept_history(thesis.op)[:20],
+        "compare_choices": comparison.choices(candidate),
         "earlier_reviews": [r for r in selectors.candidate_reviews(candidate) if r.revision != candidate.revision],
     }
 

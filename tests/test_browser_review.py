@@ -11,8 +11,10 @@ are covered by tests/test_browser.py and tests/test_reviews_worker.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -227,6 +229,63 @@ def test_a_keep_marks_another_waiting_win_stale_live_and_it_is_re_timed(app):
         finally:
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "browser-stale-last-page.png"), full_page=True)
+            browser.close()
+
+
+def test_a_reviewer_compares_two_wins_side_by_side_and_a_worker_times_one_against_the_other(app):
+    username, password = app.login()
+    # Grid points 1 and 2: two sources, both waiting wins claiming tokens 64–64.
+    first_id = _create_waiting_win(app, title="Rows in blocks, compared", number=1)
+    second_id = _create_waiting_win(app, title="Rows in other blocks, compared", number=2)
+    first, second = (_in_app(app, f"from research.models import Candidate; print(Candidate.objects.get(pk={pk}).label)")
+                     for pk in (first_id, second_id))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_context(base_url=app.url, viewport={"width": 1440, "height": 900}).new_page()
+        page.set_default_timeout(30_000)
+        try:
+            _log_in(page, username, password)
+            page.goto(f"/candidates/{first_id}/")
+            page.select_option("#compare-other", str(second_id))
+            page.click("#compare")
+            expect(page).to_have_url(f"{app.url}/candidates/{first_id}/compare/{second_id}/")
+
+            side_a, side_b = page.locator("#side-a"), page.locator("#side-b")
+            expect(side_a).to_contain_text(f"Candidate {first}")
+            expect(side_b).to_contain_text(f"Candidate {second}")
+            expect(side_a.locator(".compare-warnings")).to_contain_text("cache-state")
+            a_box, b_box = side_a.bounding_box(), side_b.bounding_box()
+            assert a_box["y"] == b_box["y"] and a_box["x"] + a_box["width"] <= b_box["x"]  # next to each other
+            # One row per workload, both candidates' speedups on it.
+            rows = page.locator("#compare-workloads tbody tr")
+            expect(rows).to_have_count(4)
+            expect(rows.first.locator("td.faster")).to_have_count(2)
+            diff = page.locator("#diff table.diff")
+            expect(diff).to_have_attribute("data-path", "kernels/rmsnorm/cpu/kept.py")
+            expect(diff.locator("tr.add").first).to_be_visible()
+            expect(diff.locator("tr.del").first).to_be_visible()
+            expect(page.locator("#overlap")).to_contain_text("tokens 64–64")
+
+            # The app's own worker times B's source against A's, for real.
+            page.click("#time-against-each-other")
+            expect(page.locator(".messages")).to_contain_text(f"{second} is timed against {first}")
+            run = page.locator(".head-to-head-run").first
+            expect(run).to_contain_text(f"{second}'s source against {first}'s")
+            deadline = time.monotonic() + 180
+            while run.locator(".head-to-head-rows").count() == 0 and time.monotonic() < deadline:
+                page.wait_for_timeout(2000)
+                page.reload()
+            expect(run.locator(".head-to-head-rows tbody tr")).to_have_count(4)
+            expect(run.locator(".head-to-head-rows thead")).to_contain_text(f"{second} over {first}")
+            expect(run.locator(".badge").first).to_have_text(re.compile("^(win|no-gain)$"))
+
+            run.locator("a").first.click()
+            expect(page.locator("#head-to-head-note")).to_contain_text(
+                f"A head-to-head, not keepable: it says which of {first} and {second} is faster where")
+            expect(page.locator("#keep")).to_have_count(0)
+        finally:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "browser-compare-last-page.png"), full_page=True)
             browser.close()
 
 
