@@ -265,6 +265,7 @@ def _report(loop: str, stages: list[Stage], times: dict, *, roles: list[str], de
     (floor,) = noise_floors([(times[roles[0]].reported, times[CONTROL].reported)], rngs=[rng],
                             minimum=MIN_NOISE_FLOOR[device])
     rows = []
+    previous: list[float] = []
     for index, (role, stage) in enumerate(zip(roles, stages, strict=True)):
         samples = times[role].reported
         if index == 0:
@@ -279,14 +280,11 @@ def _report(loop: str, stages: list[Stage], times: dict, *, roles: list[str], de
             "samples": len(samples),
         }
         if index:
-            previous = rows[-1]["_samples"]
             found = compare(previous, samples, rng=rng, noise=floor.floor)
             row.update(speedup=found.speedup, speedup_ci=list(found.speedup_ci), p_value=found.p_value,
                        significant=found.significant and meaningful)
-        row["_samples"] = samples
         rows.append(row)
-    for row in rows:
-        del row["_samples"]
+        previous = samples
     return {
         "loop": loop, "device": device, "hardware": hardware, "batch": batch, "decode_steps": steps,
         "seed": seed, "timing_meaningful": meaningful, "noise_floor_pct": 100 * floor.floor,
