@@ -161,10 +161,14 @@ def test_pausing_resuming_and_cancelling_a_sweep_shows_live_on_another_open_page
     other = page.context.new_page()
     other.goto(page.url)
     expect(other.locator("#connection")).to_have_text("live")
-    # htmx reports a fragment whose target the page lacks (it once did after pause/cancel).
+    # htmx reports an answer or a fragment whose target the page lacks (it once did after
+    # pause/cancel: first the status's, then the controls' own when the sweep's event had
+    # replaced them). A target error is raised on the detached form, so it is caught
+    # where htmx throws it, as the page's error.
     missing_targets = """window.__missingTargets = [];
         document.body.addEventListener('htmx:oobErrorNoTarget',
-            e => window.__missingTargets.push((e.detail.content || {}).outerHTML || '?'));"""
+            e => window.__missingTargets.push((e.detail.content || {}).outerHTML || '?'));
+        window.addEventListener('error', e => window.__missingTargets.push(String(e.message)));"""
     page.evaluate(missing_targets)
     other.evaluate(missing_targets)
 

@@ -58,6 +58,12 @@
       }
       extendChart(frame.payload);
     }
+    // This page's own pause, resume or cancel is still waiting for its answer, which
+    // brings the controls itself: swapped in first, the frame's copy detached the form
+    // htmx answers into, and the answer failed (htmx:targetError), its status unshown.
+    if (document.querySelector("#sweep-controls .htmx-request")) {
+      holder.content.querySelectorAll("#sweep-controls").forEach(function (el) { el.remove(); });
+    }
     if (holder.innerHTML.trim()) {
       htmx.swap(document.body, holder.innerHTML, { swapStyle: "none" });
     }
