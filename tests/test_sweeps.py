@@ -184,7 +184,8 @@ def test_the_chart_counts_candidates_in_whole_numbers_and_says_when_it_has_nothi
     # Ticks at whole candidates over the sweep's own span (rounded halves read "1 1 1 2 2 2").
     assert (empty["xaxis"]["tick0"], empty["xaxis"]["dtick"], empty["xaxis"]["range"]) == (1, 1, [0.5, 3.5])
     assert "tickformat" not in empty["xaxis"]
-    assert [a["text"] for a in empty["annotations"]] == ["no result yet: candidate 1 is being evaluated"]
+    assert [a["text"] for a in empty["annotations"]] == ["no result yet: speedups appear as candidates finish"]
+    assert empty["yaxis"]["title"]["text"] == "speedup over the kept kernel (×)"
     candidate = started_sweep.candidates.first()
     services.candidate_claim(candidate_id=candidate.pk)
     services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
