@@ -67,6 +67,12 @@
     if (holder.innerHTML.trim()) {
       htmx.swap(document.body, holder.innerHTML, { swapStyle: "none" });
     }
+    // "No worker serves this queue" speaks of candidates that wait for one: once the
+    // sweep is paused, cancelled or finished none does (the page, reloaded, drops it too).
+    if (/^sweep\.(paused|cancelled|finished)$/.test(frame.type)) {
+      const unserved = document.getElementById("no-worker");
+      if (unserved) unserved.remove();
+    }
     if (frame.type === "sweep.finished") {
       const activity = document.getElementById("sweep-activity");
       const reason = frame.payload.stop_reason;
