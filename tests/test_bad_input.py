@@ -196,6 +196,13 @@ def test_a_page_that_is_not_there_is_the_apps_own_404_with_its_styles_and_icon(l
     assert finders.find(icon.removeprefix(settings.STATIC_URL)) is not None
 
 
+def test_the_admin_pages_carry_the_apps_icon(admin_client):
+    # Without one the browser asked for /favicon.ico on every admin page, a 404.
+    page = admin_client.get("/admin/").content.decode()
+    assert 'rel="icon" href="/static/img/favicon.svg"' in page
+    assert 'id="site-name"' in page  # still the admin's own layout around it
+
+
 # -- sweeps: kernel names with path tricks ---------------------------------------------
 
 @pytest.mark.parametrize("kernel", ["../../etc/passwd", "/etc/passwd", "..\\baseline", f"blocked{RTL}",
