@@ -14,6 +14,8 @@ import json
 import shlex
 import zipfile
 
+from django.utils.text import capfirst
+
 from research import provenance
 from research.evaluation import harness_arguments, kept_file_name
 from research.hardware import HARDWARE
@@ -64,7 +66,9 @@ def _reproduce_text(candidate: Candidate, command: str, kept: str | None) -> str
                  if "--seed" in command else "Its run revealed no seed: this run draws its own inputs.")
     return (
         f"# Candidate {candidate.label}, revision {candidate.revision}\n\n"
-        f"Measured {provenance.describe(candidate)}; verdict: {candidate.verdict or candidate.status}.\n"
+        # The description says who measured it ("measured here by …", "imported by …"):
+        # prefixed with "Measured", it read "Measured measured here" and "Measured imported".
+        f"{capfirst(provenance.describe(candidate))}; verdict: {candidate.verdict or candidate.status}.\n"
         f"Timed against {against}.\n\n"
         "In this folder, with a Kernel Lab checkout on PYTHONPATH (the harness needs Python with\n"
         "torch; `PYTHONPATH=/path/to/kernel-lab`):\n\n"

@@ -270,6 +270,16 @@ def sweep_start(
     hardware = hardware or thesis.hardware
     if hardware not in HARDWARE:
         raise ValidationError({"hardware": f"unknown hardware {hardware!r}"})
+    # The thesis's workloads were checked against its own hardware when it was filed; on
+    # another queue they may not exist (an H200 thesis's 256K context is beyond the CPU's
+    # limit), and a sweep started anyway could neither be evaluated nor shown.
+    try:
+        target.workloads(HARDWARE[hardware].device, thesis.context_lengths, thesis.batch_sizes)
+    except ops.WorkloadError as exc:
+        raise ValidationError({"hardware": (
+            f"this thesis's workloads cannot run on {HARDWARE[hardware].label}: {exc}; "
+            "choose its own hardware, or file a thesis with workloads this hardware runs"
+        )}) from exc
     if strategy == Sweep.Strategy.AGENT:
         from research.agents import agent_sweep_start
 

@@ -190,9 +190,17 @@ def test_a_page_that_is_not_there_is_the_apps_own_404_with_its_styles_and_icon(l
     response = logged_in_client.get("/sweeps/999999/")
     page = response.content.decode()
     assert response.status_code == 404 and 'id="not-found"' in page and "/sweeps/999999/" in page
+    assert "query.." not in page  # Django's message ends with its own full stop
     assert "css/app.css" in page and 'href="/reviews/"' in page  # the app's layout and navigation
     icon = page.split('rel="icon" href="')[1].split('"')[0]
     assert finders.find(icon.removeprefix(settings.STATIC_URL)) is not None
+
+
+def test_the_admin_pages_carry_the_apps_icon(admin_client):
+    # Without one the browser asked for /favicon.ico on every admin page, a 404.
+    page = admin_client.get("/admin/").content.decode()
+    assert 'rel="icon" href="/static/img/favicon.svg"' in page
+    assert 'id="site-name"' in page  # still the admin's own layout around it
 
 
 # -- sweeps: kernel names with path tricks ---------------------------------------------

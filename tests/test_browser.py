@@ -161,10 +161,14 @@ def test_pausing_resuming_and_cancelling_a_sweep_shows_live_on_another_open_page
     other = page.context.new_page()
     other.goto(page.url)
     expect(other.locator("#connection")).to_have_text("live")
-    # htmx reports a fragment whose target the page lacks (it once did after pause/cancel).
+    # htmx reports an answer or a fragment whose target the page lacks (it once did after
+    # pause/cancel: first the status's, then the controls' own when the sweep's event had
+    # replaced them). A target error is raised on the detached form, so it is caught
+    # where htmx throws it, as the page's error.
     missing_targets = """window.__missingTargets = [];
         document.body.addEventListener('htmx:oobErrorNoTarget',
-            e => window.__missingTargets.push((e.detail.content || {}).outerHTML || '?'));"""
+            e => window.__missingTargets.push((e.detail.content || {}).outerHTML || '?'));
+        window.addEventListener('error', e => window.__missingTargets.push(String(e.message)));"""
     page.evaluate(missing_targets)
     other.evaluate(missing_targets)
 
@@ -185,6 +189,24 @@ def test_pausing_resuming_and_cancelling_a_sweep_shows_live_on_another_open_page
     page.wait_for_timeout(1000)  # the cancel's own frame reaches both pages
     assert page.evaluate("window.__missingTargets") == [] and other.evaluate("window.__missingTargets") == []
     other.close()
+
+
+def test_a_sweep_on_a_queue_no_worker_serves_says_so_until_it_is_cancelled(app, page):
+    _log_in_if_asked(app, page)
+    _file_rmsnorm_thesis(page, "Waits for an H200", "No H200 worker serves this installation.")
+    page.select_option("select[name=kernel]", "blocked")
+    page.fill("input[name=budget]", "2")
+    page.select_option("#sweep-form select[name=hardware]", "h200")
+    page.click("#sweep-form button[type=submit]")
+    expect(page.locator("#no-worker")).to_contain_text("runner.sm90")
+    expect(page.locator("#connection")).to_have_text("live")
+    page.evaluate("window.__sameDocument = true")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#sweep-controls button[name=cancel]")
+    expect(page.locator("#sweep-status")).to_have_text("cancelled")
+    # Nothing waits any more: the notice goes without a reload (it once stayed).
+    expect(page.locator("#no-worker")).to_have_count(0)
+    assert page.evaluate("window.__sameDocument") is True
 
 
 def test_an_agent_sweep_started_from_the_page_streams_its_refusal_its_candidate_and_its_context(app, page):

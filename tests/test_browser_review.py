@@ -56,6 +56,14 @@ def _log_in(page, username: str, password: str) -> None:
     page.click("button[type=submit]")
 
 
+# The charts whose drawing reaches below their element or their card, by id.
+_CHARTS_SPILLING = """Array.from(document.querySelectorAll('.js-plotly-plot')).filter(chart => {
+    const svg = chart.querySelector('.main-svg').getBoundingClientRect();
+    const card = chart.closest('.card').getBoundingClientRect();
+    return svg.bottom > chart.getBoundingClientRect().bottom + 1 || svg.bottom > card.bottom + 1;
+}).map(chart => chart.id)"""
+
+
 def _git(app: AppProcess, *args: str) -> str:
     return subprocess.run(["git", "--git-dir", str(app.data_dir / "workspace"), *args],
                           capture_output=True, text=True, check=True).stdout
@@ -87,6 +95,10 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
             expect(page.locator(f"#queue-{candidate_id}")).to_be_visible()
             expect(page.locator("#review-count")).to_have_text("1")
             assert page.evaluate("window.__sameDocument") is True
+            # In a narrow window the queue's table scrolls inside its card, not the page.
+            page.set_viewport_size({"width": 640, "height": 720})
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+            page.set_viewport_size({"width": 1280, "height": 720})
 
             page.click(f"#queue-{candidate_id} a[href='/candidates/{candidate_id}/']")
             expect(page.locator("h1")).to_contain_text("rmsnorm")
@@ -101,6 +113,12 @@ def test_a_reviewer_keeps_a_win_from_the_queue_and_the_path_chart_shows_it_kept(
             expect(diff.locator("tr.add").first).to_be_visible()
             expect(page.locator("#latency-chart .main-svg").first).to_be_attached()
             expect(page.locator("#speedup-chart .main-svg").first).to_be_attached()
+            # A narrower window refits the charts: each keeps its height, inside its card
+            # (a chart once shrank its element to the CSS minimum and spilled below it).
+            page.set_viewport_size({"width": 800, "height": 720})
+            page.wait_for_timeout(500)  # Plotly refits on the window's resize event
+            assert page.evaluate(_CHARTS_SPILLING) == []
+            page.set_viewport_size({"width": 1280, "height": 720})
             expect(page.locator("#guards tbody tr").first).to_contain_text("warn")
             expect(page.locator("#e2e")).to_contain_text("not measured")
             expect(page.locator("input[name=dispatch_min]")).to_have_value("64")

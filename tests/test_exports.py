@@ -58,6 +58,8 @@ def test_the_exported_command_repeats_the_workers_run_from_the_unpacked_folder(p
     # Nothing kept yet: the workspace's kept file is the op's baseline, and it travels too.
     assert set(files) == {"candidate.py", "result.json", "REPRODUCE.md", "kept/baseline.py"}
     assert files["kept/baseline.py"] == sweep.baseline_source
+    # Who measured it, said once (it read "Measured measured here by a worker on …").
+    assert files["REPRODUCE.md"].splitlines()[2].startswith("Measured here by a worker on ")
     assert files["candidate.py"] == candidate.source
     recorded = json.loads(files["result.json"])
     assert recorded["result"]["seed"] == result["seed"] and recorded["verdict"] == candidate.verdict

@@ -46,13 +46,20 @@ def test_a_win_of_another_hardware_class_is_not_made_stale(people, two_wins, set
     assert gpu in selectors.review_queue() and retiming.stale_reason(gpu) is None
 
 
-def test_re_timing_measures_the_same_source_against_todays_kept_kernel_and_its_win_can_be_kept(people, two_wins):
+def test_re_timing_measures_the_same_source_against_todays_kept_kernel_and_its_win_can_be_kept(people, two_wins,
+                                                                                               client):
     first, second = two_wins
     run = retiming.retime_start(candidate=second, requested_by=people.producer)
 
     sweep = run.sweep
     kept = workspace.kept_kernel("rmsnorm", "cpu")
     assert sweep.strategy == Sweep.Strategy.RETIME and sweep.retimes == second
+    # The sweep page says what runs against what (it once read "… kernel of candidate
+    # 1-2's source, against the kept blocked").
+    client.force_login(people.producer)
+    line = client.get(sweep.get_absolute_url()).content.decode()
+    assert (f"Re-timed against a newer kept kernel (<code>{sweep.baseline_kernel}</code>): "
+            f"the source of candidate <a href=\"{second.get_absolute_url()}\">{second.label}</a>") in line
     assert run.source == second.source and run.status == Candidate.Status.QUEUED
     assert sweep.baseline_source == kept.source == first.source and sweep.base_commit == kept.commit
     assert workspace.commit_info(run.commit)["parents"] == [kept.commit]

@@ -21,6 +21,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from config.asgi import application
 from config.ratelimit import RateLimited, parse_rate, rate_limit_hit
@@ -318,8 +319,13 @@ def test_the_first_login_password_is_printed_once_and_its_note_goes_when_it_is_c
     assert password not in again.getvalue() and "first-login.txt" in again.getvalue()
 
     admin = get_user_model().objects.get(username="admin")
+    admin.last_login = timezone.now()
+    admin.save(update_fields=["last_login"])  # a login leaves the note alone
+    assert (tmp_path / "first-login.txt").exists()
     admin.set_password("a-new-password-for-tests")
     admin.save()
+    # Gone with the change, not at the next start (it once outlived it while the app ran).
+    assert not (tmp_path / "first-login.txt").exists()
     call_command("first_login", stdout=StringIO())
     assert not (tmp_path / "first-login.txt").exists()
 

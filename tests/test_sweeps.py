@@ -74,6 +74,17 @@ def test_it_refuses_a_bad_sweep_and_stores_nothing(make_thesis, user, field, kwa
     assert not Sweep.objects.exists() and not Candidate.objects.exists()
 
 
+def test_it_refuses_a_sweep_on_hardware_that_cannot_run_the_thesis_workloads(make_thesis, user):
+    # Filed for the H200 with its default context lengths (up to 256K): beyond the CPU's.
+    thesis = make_thesis(op="dsa_indexer_topk", hardware="h200", context_lengths=None, batch_sizes=None)
+    assert max(thesis.context_lengths) > max(get_op("dsa_indexer_topk").default_context_lengths("cpu"))
+    with pytest.raises(ValidationError) as error:
+        services.sweep_start(thesis=thesis, started_by=user, kernel="chunked_topk", strategy="grid",
+                             budget=2, hardware="cpu")
+    assert "above dsa_indexer_topk's maximum" in " ".join(error.value.message_dict["hardware"])
+    assert not Sweep.objects.exists() and not Candidate.objects.exists()
+
+
 def test_a_result_is_recorded_once_even_when_delivered_twice(started_sweep):
     candidate = started_sweep.candidates.first()
     assert services.candidate_claim(candidate_id=candidate.pk) is not None
@@ -173,7 +184,8 @@ def test_the_chart_counts_candidates_in_whole_numbers_and_says_when_it_has_nothi
     # Ticks at whole candidates over the sweep's own span (rounded halves read "1 1 1 2 2 2").
     assert (empty["xaxis"]["tick0"], empty["xaxis"]["dtick"], empty["xaxis"]["range"]) == (1, 1, [0.5, 3.5])
     assert "tickformat" not in empty["xaxis"]
-    assert [a["text"] for a in empty["annotations"]] == ["no result yet: candidate 1 is being evaluated"]
+    assert [a["text"] for a in empty["annotations"]] == ["no result yet: speedups appear as candidates finish"]
+    assert empty["yaxis"]["title"]["text"] == "speedup over the kept kernel (×)"
     candidate = started_sweep.candidates.first()
     services.candidate_claim(candidate_id=candidate.pk)
     services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))

@@ -6,6 +6,10 @@
     if (!source || el.dataset.drawn) return;
     const figure = JSON.parse(source.textContent);
     el.dataset.drawn = "1";
+    // With `responsive`, a window resize refits the figure to its element: an element
+    // without a height of its own fell back to its CSS min-height while the figure kept
+    // its own, and the chart spilled over the next card.
+    if (figure.layout && figure.layout.height) el.style.height = figure.layout.height + "px";
     Plotly.newPlot(el, figure.data, figure.layout, { responsive: true, displaylogo: false });
     // Figures whose points link somewhere carry the URL first in each point's customdata.
     if (el.dataset.links !== undefined) {

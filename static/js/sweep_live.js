@@ -58,8 +58,20 @@
       }
       extendChart(frame.payload);
     }
+    // This page's own pause, resume or cancel is still waiting for its answer, which
+    // brings the controls itself: swapped in first, the frame's copy detached the form
+    // htmx answers into, and the answer failed (htmx:targetError), its status unshown.
+    if (document.querySelector("#sweep-controls .htmx-request")) {
+      holder.content.querySelectorAll("#sweep-controls").forEach(function (el) { el.remove(); });
+    }
     if (holder.innerHTML.trim()) {
       htmx.swap(document.body, holder.innerHTML, { swapStyle: "none" });
+    }
+    // "No worker serves this queue" speaks of candidates that wait for one: once the
+    // sweep is paused, cancelled or finished none does (the page, reloaded, drops it too).
+    if (/^sweep\.(paused|cancelled|finished)$/.test(frame.type)) {
+      const unserved = document.getElementById("no-worker");
+      if (unserved) unserved.remove();
     }
     if (frame.type === "sweep.finished") {
       const activity = document.getElementById("sweep-activity");
