@@ -24,7 +24,8 @@ def test_a_size_significantly_slower_at_any_batch_is_not_won():
         (4 * K, 1.3, True), (8 * K, 1.4, True), (8 * K, 0.95, True), (16 * K, 1.2, True), (32 * K, 1.2, True),
     ))
     assert found["sizes"] == [16 * K, 32 * K]
-    assert found["summary"] == "candidate for context length 16K–32K, kept kernel below 16K"
+    assert found["summary"] == ("candidate for context length 16K–32K, kept kernel below 16K, "
+                                "kept kernel beyond 32K, where nothing was measured")
 
 
 def test_noise_wins_nowhere():
@@ -33,7 +34,8 @@ def test_noise_wins_nowhere():
 
 def test_a_win_everywhere_covers_all():
     found = dispatch_range("tokens", _results((64, 1.2, True), (4096, 1.1, False), (4096, 1.3, True)))
-    assert found["covers_all"] and found["summary"] == "candidate at every measured tokens (64–4K)"
+    assert found["covers_all"] and found["summary"] == ("candidate at every measured tokens (64–4K), kept kernel beyond 4K, "
+                                                        "where nothing was measured")
 
 
 def test_the_size_axis_is_read_from_the_workload():

@@ -66,13 +66,19 @@ def _human(size: int) -> str:
 
 
 def _summary(axis: str, low: int, high: int, sizes: list[int]) -> str:
+    """The range in words, with what serves outside it: the range is the measured sizes
+    it holds, so past the largest measured size the kept kernel still serves (a keep
+    may widen the range, on the reviewer's word)."""
     name = axis.replace("_", " ")
+    if high == sizes[-1]:
+        beyond = f"kept kernel beyond {_human(high)}, where nothing was measured"
+    else:
+        beyond = f"kept kernel beyond {_human(high)}"
     if low == sizes[0] and high == sizes[-1]:
-        return f"candidate at every measured {name} ({_human(low)}–{_human(high)})"
+        return f"candidate at every measured {name} ({_human(low)}–{_human(high)}), {beyond}"
     where = _human(low) if low == high else f"{_human(low)}–{_human(high)}"
     parts = [f"candidate for {name} {where}"]
     if low != sizes[0]:
         parts.append(f"kept kernel below {_human(low)}")
-    if high != sizes[-1]:
-        parts.append(f"kept kernel beyond {_human(high)}")
+    parts.append(beyond)
     return ", ".join(parts)
