@@ -198,14 +198,19 @@ def thesis_submit(
     return thesis
 
 
-def thesis_edit(*, thesis: Thesis, edited_by, title: str, idea: str, forbidden_changes: str = "") -> Thesis:
-    """Its author rewrites the title, idea and forbidden changes, until its first sweep:
-    from then on they are what its candidates were produced and judged under."""
+def thesis_edit_check(*, thesis: Thesis, edited_by) -> None:
+    """Raises unless `edited_by` may edit the thesis now: its author, before its first
+    sweep (from then on it is what its candidates were produced and judged under)."""
     if edited_by.pk != thesis.author_id:
         raise PermissionDenied("only the thesis's author may edit it")
     if thesis.sweeps.exists():
         raise ValidationError("a sweep has started from this thesis: it is what its candidates were "
                               "judged under, so it stays as it is (file a new thesis instead)", code="started")
+
+
+def thesis_edit(*, thesis: Thesis, edited_by, title: str, idea: str, forbidden_changes: str = "") -> Thesis:
+    """Its author rewrites the title, idea and forbidden changes (thesis_edit_check)."""
+    thesis_edit_check(thesis=thesis, edited_by=edited_by)
     title, idea = title.strip(), idea.strip()
     problems = _thesis_text_problems(title, idea)
     if problems:

@@ -76,6 +76,13 @@ def thesis_detail(request: HttpRequest, thesis_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def thesis_edit(request: HttpRequest, thesis_id: int) -> HttpResponse:
     thesis = selectors.thesis_get(thesis_id)
+    if request.method == "GET":
+        # A form that can only be refused on save is not offered (the link is hidden too).
+        try:
+            services.thesis_edit_check(thesis=thesis, edited_by=request.user)
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+            return redirect(thesis.get_absolute_url())
     form = ThesisEditForm(request.POST or None, initial={
         "title": thesis.title, "idea": thesis.idea, "forbidden_changes": thesis.forbidden_changes})
     if request.method == "POST" and form.is_valid():

@@ -273,6 +273,11 @@ def test_its_author_edits_a_thesis_until_its_first_sweep(logged_in_client, make_
     assert refused.status_code == 422 and "what its candidates were judged under" in refused.content.decode()
     assert Thesis.objects.get(pk=thesis.pk).title == "Blocked rmsnorm, 64 rows"
     assert 'id="edit-thesis"' not in logged_in_client.get(thesis.get_absolute_url()).content.decode()
+    # Opened by its address, the form is not offered either: the thesis page says why.
+    opened = logged_in_client.get(url, follow=True)
+    assert opened.redirect_chain == [(thesis.get_absolute_url(), 302)]
+    assert "what its candidates were judged under" in opened.content.decode()
+    assert other.get(url).status_code == 403
 
 
 def test_an_archived_thesis_leaves_the_dashboard_and_takes_no_sweep_until_restored(
