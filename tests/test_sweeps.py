@@ -85,6 +85,17 @@ def test_it_refuses_a_sweep_on_hardware_that_cannot_run_the_thesis_workloads(mak
     assert not Sweep.objects.exists() and not Candidate.objects.exists()
 
 
+def test_a_sweep_started_before_such_sweeps_were_refused_still_has_its_page(logged_in_client, started_sweep):
+    # An H200 thesis's 256K context on the CPU queue, as a sweep made before the refusal
+    # above: the CPU cannot make its workloads.
+    thesis = started_sweep.thesis
+    thesis.op, thesis.hardware, thesis.context_lengths = "dsa_indexer_topk", "h200", [262144]
+    thesis.save(update_fields=["op", "hardware", "context_lengths"])
+    assert selectors.sweep_workload_names(started_sweep) == []
+    assert logged_in_client.get(started_sweep.get_absolute_url()).status_code == 200
+    assert logged_in_client.get(reverse("sweep_chart", args=[started_sweep.pk])).status_code == 200
+
+
 def test_a_result_is_recorded_once_even_when_delivered_twice(started_sweep):
     candidate = started_sweep.candidates.first()
     assert services.candidate_claim(candidate_id=candidate.pk) is not None
