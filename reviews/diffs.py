@@ -127,6 +127,18 @@ def highlighted_lines(text: str, filename: str) -> list[str]:
     return ["".join(parts) for parts in lines]
 
 
+def render_file(text: str, path: str) -> FileDiff:
+    """A whole file as the diff shows its lines (highlighted, hidden characters named and
+    shown as escapes), every line a context line numbered as it is in the file."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no line of its own
+    shown = highlighted_lines("\n".join(lines), path)
+    return FileDiff(path=path, hidden=hidden_characters(text), lines=[
+        DiffLine(kind="ctx", old=None, new=number, html=mark_safe(html))  # noqa: S308  # nosec B308 B703
+        for number, html in enumerate(shown, start=1)])
+
+
 def render_diff(diff_text: str, *, old_file: Callable[[str], str | None],
                 new_file: Callable[[str], str | None]) -> list[FileDiff]:
     """Parse `git diff` output; `old_file`/`new_file` give each side's full text by path."""

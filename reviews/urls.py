@@ -7,6 +7,7 @@ from reviews import views
 urlpatterns = [
     path("reviews/", views.review_queue, name="review_queue"),
     path("candidates/<int:candidate_id>/", views.candidate_review, name="candidate_review"),
+    path("candidates/<int:candidate_id>/source/", views.candidate_source, name="candidate_source"),
     path("candidates/<int:candidate_id>/decide/", views.candidate_decide, name="candidate_decide"),
     path("candidates/<int:candidate_id>/verify/", views.candidate_verify, name="candidate_verify"),
     path("candidates/<int:candidate_id>/retime/", views.candidate_retime, name="candidate_retime"),

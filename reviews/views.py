@@ -20,7 +20,7 @@ from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
 from research.models import Candidate
-from reviews import charts, comparison, compounding, retiming, selectors, services
+from reviews import charts, comparison, compounding, diffs, retiming, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
 from reviews.models import Review
 from reviews.verification import proposed_dispatch, verification, verification_start
@@ -48,6 +48,17 @@ def review_queue(request: HttpRequest) -> HttpResponse:
 def candidate_review(request: HttpRequest, candidate_id: int) -> HttpResponse:
     candidate = research_selectors.candidate_get(candidate_id)
     return render(request, "reviews/candidate.html", _review_context(request, candidate))
+
+
+@login_required
+@require_GET
+def candidate_source(request: HttpRequest, candidate_id: int) -> HttpResponse:
+    """The candidate's whole kernel file, as the diff shows code (reviews.diffs)."""
+    candidate = research_selectors.candidate_get(candidate_id)
+    sweep = candidate.sweep
+    path = workspace.kept_path(sweep.thesis.op, sweep.hardware)
+    return render(request, "reviews/source.html", {
+        "candidate": candidate, "file": diffs.render_file(candidate.source, path)})
 
 
 @login_required

@@ -451,6 +451,21 @@ def test_a_diff_shows_hidden_characters_as_escapes_and_splits_lines_at_newlines_
     assert hidden_characters("plain ascii\tand é ü — ok\n") == []
 
 
+def test_the_source_view_shows_the_whole_file_numbered_with_hidden_characters_named(people, waiting_win, client):
+    source = waiting_win.source + 'NOTE = "\u202e reversed"\n'
+    Candidate.objects.filter(pk=waiting_win.pk).update(source=source)
+    client.force_login(people.outsider)
+    page = client.get(reverse("candidate_source", args=[waiting_win.pk])).content.decode()
+    lines = source.count("\n")
+    assert f'<td class="ln">{lines}</td>' in page and f'<td class="ln">{lines + 1}</td>' not in page
+    assert "\u202e" not in page and "&lt;U+202E&gt;" in page
+    assert 'id="hidden-characters"' in page and "U+202E RIGHT-TO-LEFT OVERRIDE" in page
+    assert 'data-path="kernels/rmsnorm/cpu/kept.py"' in page
+    review = client.get(waiting_win.get_absolute_url()).content.decode()
+    assert f'href="{reverse("candidate_source", args=[waiting_win.pk])}"' in review
+    assert client.get(reverse("candidate_source", args=[999999])).status_code == 404
+
+
 @pytest.mark.parametrize("invisible", ["\ufe00", "\U000e0100", "\u034f", "\u3164", "\u115f", "\uffa0"])
 def test_a_name_that_differs_by_an_invisible_letter_is_shown_and_flagged(invisible):
     """A variation selector or a Hangul filler is not a format character, yet Python takes
