@@ -257,14 +257,14 @@ KERNEL_WORKSPACE = Path(env_str("KERNEL_WORKSPACE", str(DATA_DIR / "workspace"))
 HARNESS_PYTHON = env_str("HARNESS_PYTHON", "")
 HARNESS_TIME_BUDGET_S = float(env_str("HARNESS_TIME_BUDGET_S", "1.0"))
 # Users' own end-to-end programs, op name -> command line, from the TOML file named by
-# E2E_COMMANDS_FILE (README, "Your own end-to-end command"): every evaluation of the op
+# E2E_COMMANDS_FILE (docs/harness.md, "Your own end-to-end command"): every evaluation of the op
 # runs its command with the kept kernel and with the candidate.
 E2E_COMMANDS = env_toml_strings("E2E_COMMANDS_FILE")
 # Coding agents an agent sweep may run, name -> command line (or a table that also says
 # what its jail lets it reach: research.agent_jail), from the TOML file named by
 # AGENT_COMMANDS_FILE: the sweep form offers these names only, never a free-text command.
 # Each proposal runs jailed in a scratch clone of the kernel workspace, stopped after
-# AGENT_TIME_LIMIT_S seconds (README, "An external coding agent").
+# AGENT_TIME_LIMIT_S seconds (docs/agents.md).
 AGENT_COMMANDS = env_toml_table("AGENT_COMMANDS_FILE")
 AGENT_TIME_LIMIT_S = env_int("AGENT_TIME_LIMIT_S", 600)
 # The largest file an agent may write (RLIMIT_FSIZE): its clone lies on the worker's own

@@ -35,5 +35,5 @@ def live_queues() -> frozenset[str] | None:
 
 
 def start_command(queue: str) -> str:
-    """How to start a worker for `queue` on a host of its class (README, "A GPU host as a worker")."""
+    """How to start a worker for `queue` on a host of its class (docs/operations.md, "A GPU host as a worker")."""
     return f"celery -A config worker -Q {queue} --concurrency 1 --hostname {queue}@%h"
