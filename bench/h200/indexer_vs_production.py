@@ -467,6 +467,12 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cute = not args.no_cute
+    if cute:
+        try:
+            import cutlass.cute  # noqa: F401
+        except ImportError as error:  # the run goes on with the entries that need no CuTe DSL
+            print(f"CuTe DSL not importable, its entries left out: {error}", file=sys.stderr)
+            cute = False
 
     dg = None
     if args.fake_deepgemm:
