@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect, retarget
+from django_htmx.http import HttpResponseClientRedirect
 
 from config.ratelimit import rate_limited
 from research import agent_context, api_tokens, charts, exports, selectors, services, sweep_control, workers
@@ -217,15 +217,16 @@ def sweep_control_action(request: HttpRequest, sweep_id: int, action: str) -> Ht
         if error:
             messages.error(request, error)
         return redirect(sweep)
-    response = render(request, "research/sweep_detail.html#control-response", {
-        "sweep_id": sweep.pk, "status": sweep.status, "error": error,
+    # The controls alone, into the controls the request was sent from. The new status
+    # reaches every open page, this one too, with the event the service appended. The
+    # answer names nothing else to look up: that event can reach this page first and
+    # replace the controls, and htmx resolves any further target (an HX-Retarget, an
+    # out-of-band status) from the form the request came from, which is then detached:
+    # "Invalid re-target", or no target for the status.
+    return render(request, "research/sweep_detail.html#controls", {
+        "sweep_id": sweep.pk, "error": error,
         "actions": sweep_control.sweep_actions(sweep=sweep, user=request.user),
     }, status=422 if error else 200)
-    # The service's event reaches this page over its websocket, often before this answer,
-    # and swaps in new controls: the ones the request was sent from are then detached,
-    # and htmx, swapping into them, found no #sweep-status for the out-of-band status.
-    # Looked up again when the answer lands, the target is the controls on the page.
-    return retarget(response, "#sweep-controls")
 
 
 @login_required

@@ -216,12 +216,16 @@ def test_the_sweep_page_shows_only_the_valid_actions(logged_in_client, sweep, us
     assert "Stopped: cancelled by ada" in html
 
 
-def test_pausing_with_htmx_returns_the_controls_and_the_status(logged_in_client, sweep):
+def test_pausing_with_htmx_returns_the_controls_alone(logged_in_client, sweep):
+    """The page's own event can replace the controls before the answer lands, detaching the
+    form htmx resolves any further target from (an HX-Retarget threw "Invalid re-target
+    #sweep-controls" under load): the new status comes with that event instead."""
     response = logged_in_client.post(reverse("sweep_pause", args=[sweep.pk]), HTTP_HX_REQUEST="true")
     html = response.content.decode()
-    assert response.status_code == 200 and "<html" not in html
-    assert 'id="sweep-controls"' in html and 'name="resume"' in html and 'name="pause"' not in html
-    assert 'id="sweep-status" class="badge paused" hx-swap-oob="true"' in html
+    assert response.status_code == 200 and "<html" not in html and "HX-Retarget" not in response.headers
+    assert html.lstrip().startswith('<div id="sweep-controls"')
+    assert 'name="resume"' in html and 'name="pause"' not in html
+    assert "hx-swap-oob" not in html and 'id="sweep-status"' not in html
     assert Sweep.objects.get(pk=sweep.pk).status == Sweep.Status.PAUSED
 
 
@@ -283,3 +287,4 @@ def test_resuming_lets_the_sweep_propose_its_next_candidates(sweep, user, monkey
     sweep_pause(sweep=sweep, by=user)
     sweep_resume(sweep=sweep, by=user)
     assert continued == [sweep.pk]
+

@@ -59,8 +59,9 @@
       extendChart(frame.payload);
     }
     // This page's own pause, resume or cancel is still waiting for its answer, which
-    // brings the controls itself: swapped in first, the frame's copy detached the form
-    // htmx answers into, and the answer failed (htmx:targetError), its status unshown.
+    // brings the controls itself: swapped in first, the frame's copy would take the place
+    // of the controls the answer goes into, and the answer (a refusal's reason with it)
+    // would land in controls no longer on the page.
     if (document.querySelector("#sweep-controls .htmx-request")) {
       holder.content.querySelectorAll("#sweep-controls").forEach(function (el) { el.remove(); });
     }
