@@ -61,15 +61,16 @@ def _transparent(colour: str, alpha: float = 0.18) -> str:
     return f"rgba({red},{green},{blue},{alpha})"
 
 
-def latency_figure(rows: Sequence[WorkloadRow], axis: str | None) -> Figure:
-    """Median time per size, kept kernel vs candidate, each with its confidence band."""
+def latency_figure(rows: Sequence[WorkloadRow], axis: str | None, baseline: str = "kept") -> Figure:
+    """Median time per size, the kernel timed against (`baseline`: the kept one, or a
+    head-to-head's other win) vs candidate, each with its confidence band."""
     traces: list[dict] = []
     for index, (group, members) in enumerate(_groups(rows).items()):
         x = [_size_label(r) for r in members]
         dash = _DASHES[index % len(_DASHES)]
         suffix = "" if group == "all" else plotly_text(f" ({group})")
         for side, colour, times, ci in (
-            ("kept", KEPT_COLOUR, [r.baseline_ms for r in members], [r.baseline_ci for r in members]),
+            (baseline, KEPT_COLOUR, [r.baseline_ms for r in members], [r.baseline_ci for r in members]),
             ("candidate", CANDIDATE_COLOUR, [r.candidate_ms for r in members], [r.candidate_ci for r in members]),
         ):
             legend = f"{side}{suffix}"
@@ -92,7 +93,7 @@ def latency_figure(rows: Sequence[WorkloadRow], axis: str | None) -> Figure:
 
 
 def speedup_figure(rows: Sequence[WorkloadRow], axis: str | None,
-                   dispatch: dict | None) -> Figure:
+                   dispatch: dict | None, baseline: str = "the kept kernel") -> Figure:
     """Speedup per size with its confidence interval; the dispatch range shaded.
 
     `dispatch` is {"min", "max", "summary"?} along the same axis (either end may be
@@ -144,7 +145,7 @@ def speedup_figure(rows: Sequence[WorkloadRow], axis: str | None,
             **LAYOUT,
             "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
                       "categoryorder": "array", "categoryarray": categories},
-            "yaxis": {"title": {"text": "speedup over the kept kernel (×)"}},
+            "yaxis": {"title": {"text": f"speedup over {plotly_text(baseline)} (×)"}},
             "shapes": shapes,
             "annotations": annotations,
             "legend": {"orientation": "h", "y": -0.25},

@@ -19,7 +19,7 @@ from research import provenance, workspace
 from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
-from research.models import Candidate
+from research.models import Candidate, Sweep
 from reviews import charts, comparison, compounding, diffs, retiming, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
 from reviews.models import Review
@@ -286,8 +286,11 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
         shaded = {"min": decision.dispatch_min, "max": decision.dispatch_max,
                   "summary": f"kept for {decision.dispatch_text}"}
     evidence = thesis.evidence.summary if thesis.evidence else None
-    # Kernels are kept per hardware class: the machine to compare with is that class's.
-    kept = selectors.latest_kept(thesis.op, sweep.hardware, other_than=candidate)
+    # Kernels are kept per hardware class: the machine to compare with is that class's;
+    # a head-to-head was timed against the other win, not the kept kernel.
+    against = sweep.challenged if sweep.strategy == Sweep.Strategy.HEAD_TO_HEAD else None
+    kept = against or selectors.latest_kept(thesis.op, sweep.hardware, other_than=candidate)
+    baseline = f"candidate {against.label}" if against else None
     machines = provenance.machine_rows((candidate.result or {}).get("machine"),
                                        (kept.result or {}).get("machine") if kept else None)
     guards = selectors.candidate_guards(candidate)
@@ -304,8 +307,10 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
         # A long change is folded: the summary, curves and guards stay within reach.
         "diff_open": sum(len(f.lines) for f in diffs.against_kept or []) <= DIFF_OPEN_LINES,
         "rows": rows,
-        "latency_figure": charts.latency_figure(rows, axis) if rows else None,
-        "speedup_figure": charts.speedup_figure(rows, axis, shaded) if rows else None,
+        "timed_against": against,
+        "latency_figure": charts.latency_figure(rows, axis, baseline or "kept") if rows else None,
+        "speedup_figure": (charts.speedup_figure(rows, axis, shaded, baseline or "the kept kernel")
+                           if rows else None),
         "guards": guards,
         "warnings": selectors.candidate_warnings(guards),
         "e2e": selectors.end_to_end(candidate.result),

@@ -244,6 +244,9 @@ def test_the_review_page_links_the_comparison_which_shows_both_and_starts_the_he
     own = client.get(run.get_absolute_url()).content.decode()
     assert 'id="head-to-head-note"' in own and "not keepable: it says which of" in own
     assert 'id="decision-form"' not in own and 'id="retime"' not in own
+    # Its curves name the win it was timed against, not the kept kernel.
+    assert f"speedup over candidate {first.label} (" in own and f"Median time per call, candidate {first.label} vs" in own
+    assert f'"name": "candidate {first.label}' in own and '"name": "kept' not in own
     sweep_page = client.get(run.sweep.get_absolute_url()).content.decode()
     assert f"{second.label}</a>'s source, against candidate" in sweep_page and "(not keepable)" in sweep_page
 
