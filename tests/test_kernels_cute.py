@@ -208,13 +208,17 @@ INDEXER_COMMON = textwrap.dedent("""
                 wrong.append(f"{context}: not in token order")
         return wrong
 
-    def launched(module, *args):
+    def launched(module, *calls):
+        # forward on each argument list in turn (one call unless more are given),
+        # counting the compiles and launches of them all; the last error.
+        calls = calls if isinstance(calls[0], list) else [calls]
+        error = None
         with launch_counter("cute") as launches:
-            try:
-                module.forward(*args)
-                error = None
-            except Exception as failure:
-                error = {"type": type(failure).__name__, "message": str(failure)}
+            for args in calls:
+                try:
+                    module.forward(*args)
+                except Exception as failure:
+                    error = {"type": type(failure).__name__, "message": str(failure)}
         return {"count": launches.count, "compiles": launches.compiles, "error": error,
                 "torch_compute": dict(torch_compute(launches.torch_ops))}
 """)
@@ -270,15 +274,15 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
         scores = module.compiled_scores_mma(
-            torch.bfloat16, 64, 64, 128, 5000, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
-            point["STAGES"], 132, torch.float32, point["SCHEDULE"], point["REDUCE"])
-        select = module.compiled_select(64, 5000, 8, 2048, point["SELECT_THREADS"])
+            torch.bfloat16, 64, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
+            point["STAGES"], torch.float32, point["SCHEDULE"], point["REDUCE"])
+        select = module.compiled_select(64, 2048, point["SELECT_THREADS"], *module.select_bucket(5000))
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores), "select": ptx_facts(select),
                        "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
 
     module = load(source, "shipped")
-    simt = ptx_facts(module.compiled_scores_simt(64, 64, 128, 5000, 132))
+    simt = ptx_facts(module.compiled_scores_simt(64, 64, 128))
     gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module),
             "equal_scores_wrong": equal_scores_wrong(module),
             "duplicate_keys_wrong": duplicate_keys_wrong(module), "out_of_order": out_of_order(module)}
@@ -287,15 +291,19 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     device = "cuda" if on_gpu else "cpu"
     launch = launched(load(source, "launched"), torch.randn(3, 64, 128, device=device).bfloat16(),
                       torch.randn(5000, 128, device=device).bfloat16(), torch.randn(3, 64, device=device), 2048)
-    print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch}))
+    # Two context lengths (and so two split counts) of one select bucket, in a fresh module.
+    lengths = launched(load(source, "lengths"), *[
+        [torch.randn(3, 64, 128, device=device).bfloat16(), torch.randn(context, 128, device=device).bfloat16(),
+         torch.randn(3, 64, device=device), 2048] for context in (5000, 70000)])
+    print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch, "lengths": lengths}))
 """)
 
 FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     points = {}
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
-        scores = module.compiled_scores_mma(64, 64, 128, 5000, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
-                                            point["STAGES"], 132, torch.float32, point["SCHEDULE"],
+        scores = module.compiled_scores_mma(64, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
+                                            point["STAGES"], torch.float32, point["SCHEDULE"],
                                             point["REDUCE"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores),
@@ -305,7 +313,10 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     # 3 query rows and 5000 tokens, made where this machine can hold them.
     workload = dataclasses.replace(workloads[1], device="cuda" if on_gpu else "cpu")
     launch = launched(load(source, "launched"), *op.make_inputs(workload, 13, "normal").values())
-    print(json.dumps({"points": points, "gpu": gpu, "launch": launch}))
+    lengths = launched(load(source, "lengths"), *[
+        list(op.make_inputs(dataclasses.replace(w, device=workload.device), 13, "normal").values())
+        for w in op.workloads("cuda", [2048, 5000], [3])])
+    print(json.dumps({"points": points, "gpu": gpu, "launch": launch, "lengths": lengths}))
 """)
 
 
@@ -394,6 +405,14 @@ def test_on_a_gpu_the_indexer_forward_launches_its_two_kernels_and_no_torch_comp
     assert indexer_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
 
 
+def test_the_indexer_compiles_once_for_two_context_lengths(indexer_child):
+    # 5000 and 70000 tokens, split 2 and 4 ways at 3 rows: the lengths and the spans are
+    # runtime values. Without a GPU only the scores kernel is reached (its launch fails);
+    # with one, both kernels compile once and each launches twice.
+    want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
+    assert {key: indexer_child["lengths"][key] for key in want} == want
+
+
 def test_the_static_check_finds_the_launched_indexer_kernels():
     status, detail = static_check(INDEXER.read_text(), "cute")
     assert status == "pass", detail
@@ -441,6 +460,11 @@ def test_on_a_gpu_the_fp8_indexer_writes_its_choice_in_token_order_from_bitmap_a
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
 def test_on_a_gpu_the_fp8_indexer_launches_its_two_kernels_and_no_torch_compute(fp8_child):
     assert fp8_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
+
+
+def test_the_fp8_indexer_compiles_once_for_two_context_lengths(fp8_child):
+    want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
+    assert {key: fp8_child["lengths"][key] for key in want} == want
 
 
 def test_the_static_check_finds_the_launched_fp8_indexer_kernels():
