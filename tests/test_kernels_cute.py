@@ -485,3 +485,124 @@ def test_torch_kernels_fail_the_cute_check(path):
     status, detail = static_check(path.read_text(), "cute")
     assert status == "fail"
     assert "does not import cutlass.cute" in detail
+
+
+# --- the paged indexer: logits_topk_paged_cute -----------------------------------------
+
+PAGED = get_op("dsa_indexer_topk_paged").kernels()["logits_topk_paged_cute"]
+
+PAGED_CHILD = INDEXER_COMMON + textwrap.dedent("""
+    def on(workload, device):
+        return dataclasses.replace(workload, device=device)
+
+    def replays_differ(module):
+        # 20 replays of one captured graph give the same output bit for bit.
+        inputs = op.make_inputs(op.workloads("cuda", [65536], [8])[0], 14, "uniform_outliers")
+        args = list(inputs.values())
+        for _ in range(2):
+            module.forward(*args)  # compiled before capture, which cannot compile
+        graph, outputs = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph):
+            out = module.forward(*args)
+        for _ in range(20):
+            graph.replay()
+            outputs.append(out.clone())
+        return sum(not torch.equal(outputs[0], other) for other in outputs[1:])
+
+    def plateau_wrong(module):
+        # Most keys point away from every query: their logits are negative, ReLU makes
+        # them exactly 0.0, and the top-k is the few positive scores then the
+        # lowest-indexed zeros, exactly (the select's ties go to the lowest index).
+        inputs = op.make_inputs(op.workloads("cuda", [8192], [8])[0], 15, "normal")
+        inputs["q"] = inputs["q"].abs()
+        inputs["weights"] = inputs["weights"].abs()
+        cache = inputs["kv_cache"]
+        loud = torch.rand(cache.shape[:2], device=cache.device) < 0.05
+        inputs["kv_cache"] = torch.where(loud.unsqueeze(-1), cache.abs(), -cache.abs())
+        got = module.forward(*inputs.values())
+        scores = op.reference(inputs)
+        # A stable sort keeps equal scores in token order: the exact top-k, ties to the
+        # lowest index. (Every positive score is chosen: about 5% of 8192 tokens.)
+        want = scores.sort(dim=1, descending=True, stable=True).indices[:, :inputs["topk"]]
+        want = want.masked_fill(scores.gather(1, want) == float("-inf"), -1).sort(dim=1).values
+        zeros = int((scores == 0).sum())
+        return [] if torch.equal(got.sort(dim=1).values, want) and zeros > scores.numel() // 2 else [
+            f"{int((got.sort(dim=1).values != want).sum())} slots differ from the exact top-k ({zeros} zeros)"]
+
+    points = {}
+    for index, point in enumerate(grid_points(read_literals(source)[1])):
+        module = load(materialize(source, point), f"point{index}")
+        facts = {}
+        for next_n in (1, 2):
+            facts[f"scores{next_n}"] = ptx_facts(module.compiled_scores_mma(
+                torch.bfloat16, 64, 128, next_n, point["STAGES"], point["SCHEDULE"], point["REDUCE"], point["SPAN"]))
+        facts["select"] = ptx_facts(module.compiled_select(1, 2048, point["SPAN"], point["SELECT_THREADS"]))
+        key = ",".join(f"{name}={value}" for name, value in point.items())
+        facts["failures"] = (check_failures(op, module.forward, op.workloads("cuda", [4096, 65536], [8]), (11, 12))
+                             if on_gpu else None)
+        points[key] = facts
+
+    module = load(source, "shipped")
+    gpu = ({"replays_differ": replays_differ(module), "plateau_wrong": plateau_wrong(module),
+            "failures": check_failures(op, module.forward, op.workloads("cuda", [262144], [64]), (11,))}
+           if on_gpu else None)
+    device = "cuda" if on_gpu else "cpu"
+    # Two length mixes (mixed and equal), two table widths and two batch sizes of one
+    # batch bucket (3 and 5 pad to 8), one token a sequence: one compile of each kernel.
+    calls = [list(op.make_inputs(on(w, device), 13, "normal").values())
+             for w in op.workloads("cuda", [4096, 8192], [3, 5]) if w.params["next_n"] == 1]
+    lengths = launched(load(source, "lengths"), *calls)
+    print(json.dumps({"points": points, "gpu": gpu, "lengths": lengths, "calls": len(calls)}))
+""")
+
+
+@pytest.fixture(scope="module")
+def paged_child(tmp_path_factory):
+    return _run_child(PAGED_CHILD, PAGED, tmp_path_factory.mktemp("cute-paged"), 600, "dsa_indexer_topk_paged")
+
+
+@pytest.mark.parametrize("label", list(_labels(PAGED)))
+def test_every_paged_indexer_space_point_compiles_to_wgmma_fed_by_tma(paged_child, label):
+    point = paged_child["points"][label]
+    for next_n in (1, 2):
+        scores = point[f"scores{next_n}"]
+        if not ON_GPU:
+            assert scores["targets"] == ["sm_90a"]
+        # One sequence's next_n query rows of 64 heads are the MMA's N; a cache block of
+        # 64 tokens its M, loaded by TMA.
+        assert scores["wgmma"] == _wgmma(label, f"m64n{64 * next_n}k16.bf16.bf16")
+        assert scores["tma_loads"] > 0 and scores["smem_atomics"] > 0
+        threads = {"pingpong": "384", "roundrobin": "512"}[label.split("SCHEDULE=")[1].split(",")[0]]
+        assert scores["threads"] == [threads] and scores["named_arrives"] > 0
+    select = point["select"]
+    assert select["wgmma"] == [] and select["smem_atomics"] > 0 and select["ballots"] > 0
+    assert select["smem_or_atomics"] > 0 and select["wide_loads"] > 0
+    if ON_GPU:
+        assert point["failures"] == []
+
+
+def test_the_paged_indexer_compiles_once_for_new_lengths_widths_and_batches(paged_child):
+    calls = paged_child["calls"]
+    assert calls == 8  # (mixed, equal) x 2 widths x 2 batch sizes
+    want = ({"count": 2 * calls, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1})
+    assert {key: paged_child["lengths"][key] for key in want} == want
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+def test_without_a_gpu_the_paged_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(paged_child):
+    launch = paged_child["lengths"]
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    assert launch["torch_compute"] == {}
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_paged_indexer_replays_bit_identically_and_is_exact_on_a_tie_plateau(paged_child):
+    # check_failures above also replays a captured graph on new lengths (another seed).
+    assert paged_child["gpu"] == {"replays_differ": 0, "plateau_wrong": [], "failures": []}
+
+
+def test_the_static_check_finds_the_launched_paged_indexer_kernels():
+    status, detail = static_check(PAGED.read_text(), "cute")
+    assert status == "pass", detail
+    assert detail.startswith("forward launches @cute.kernel _")
