@@ -103,8 +103,6 @@ _MAX_TOPK = 8192
 # 66 steps for 2048 indices each ended in a sync (on the H200 the kept bf16 kernel went
 # from 0.075 to 0.067 ms at 32K).
 _BITMAP_TOKENS = 1 << 19
-# Hopper: H200 and H100 SXM.
-_DEFAULT_SMS = 132
 
 # How many MMA warpgroups take turns on the tensor cores. (The dense kernel's
 # "cooperative", two warpgroups on one 128-token tile, would need two cache blocks per
@@ -180,10 +178,10 @@ def _issue_mma(
 
 
 @cute.jit
-def _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count, loads):
-    """Load the next key tile into the stage just freed, so the load overlaps the work.
-    A tile is one cache block: tile t of the sequence is block blocks[t] of the cache."""
-    if loads and producer.count < tile_count:
+def _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count):
+    """Load the next key tile into the stage freed next. A tile is one cache block: tile
+    t of the sequence is block blocks[t] of the cache."""
+    if producer.count < tile_count:
         keys.producer_acquire(producer)
         cute.copy(
             tma_k, tKgK[(None, blocks[first_tile + producer.count])], tKsK[(None, producer.index)],
@@ -338,11 +336,6 @@ def _reduce_tile(
                 _record(scores, hist, row0 + r, token, r, partials[e])
 
 
-def _tile_tokens(turns: int) -> int:
-    """Tokens per key tile: one warpgroup's M, one cache block (the warpgroups take turns)."""
-    return _TOKENS
-
-
 def reduce_as_compiled(reduce: str, rows: int) -> str:
     """REDUCE as compiled: the reduce-scatter hands each lane of a quad whole sums, so it
     needs an even ROWS (ROWS=1, for heads over 128, keeps the shuffles)."""
@@ -358,23 +351,24 @@ def _score_threads(turns: int) -> int:
 @cute.jit
 def _consume(
     tiled_mma: cute.TiledMma, head_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor,
-    sW: cute.Tensor, sHeadW: cute.Tensor, q_barrier, keys, producer, tma_k, tKgK, tKsK,
-    scores: cute.Tensor, sHist: cute.Tensor, first_tile: cutlass.Int32, tile_count: cutlass.Int32,
-    row0: cutlass.Int32, seq_end: cutlass.Int32, rows: cutlass.Constexpr, heads: cutlass.Constexpr,
-    dim: cutlass.Constexpr, stages: cutlass.Constexpr, turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
+    sW: cute.Tensor, sHeadW: cute.Tensor, q_barrier, keys, scores: cute.Tensor, sHist: cute.Tensor,
+    first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32, seq_end: cutlass.Int32,
+    rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr, stages: cutlass.Constexpr,
+    turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
 ):
-    """An MMA warpgroup's work: wgmma on its key tiles, each reduced to scores."""
+    """An MMA warpgroup's work: wgmma on its key tiles (every `turns`-th, from its own
+    turn), each reduced to scores. The loading warpgroup fills the stages; this one only
+    waits on and releases them."""
     tidx, _, _ = cute.arch.thread_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
     cols = rows * heads
-    tokens = _tile_tokens(turns)
-    # Taking turns, each warpgroup is an MMA of its own, on every `turns`-th tile.
-    thr_mma = tiled_mma.get_slice(tidx % 128 if turns > 1 else tidx)
+    # Taking turns, each warpgroup is an MMA of its own.
+    thr_mma = tiled_mma.get_slice(tidx % 128)
     tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
     tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
     # (token, query head) of every accumulator element this thread holds.
-    tCcC = thr_mma.partition_C(cute.make_identity_tensor((tokens, cols)))
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
     # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
     # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
     # blocks b of its 64 columns, shared out over the lanes of one quad.
@@ -383,9 +377,9 @@ def _consume(
     quad = lane % 4
     weight, tCrW, head_acc, relu = None, None, None, None
     if cutlass.const_expr(reduce == "mma"):
-        thr_head = head_mma.get_slice(tidx % 128 if turns > 1 else tidx)
+        thr_head = head_mma.get_slice(tidx % 128)
         tCrW = head_mma.make_fragment_B(thr_head.partition_B(sHeadW))
-        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((tokens, _HEAD_SUM_N)), cutlass.Float32)
+        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((_TOKENS, _HEAD_SUM_N)), cutlass.Float32)
         assert cute.size(head_acc) == 4
         # The ReLU'd scores in bfloat16, the head-sum MMA's A.
         relu = cute.make_rmem_tensor(acc.layout, cutlass.BFloat16)
@@ -398,50 +392,48 @@ def _consume(
 
     read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
     cute.arch.mbarrier_wait(q_barrier, 0)
-    if cutlass.const_expr(turns > 1):
-        # Warpgroup `turn` takes tiles turn, turn+turns, ...: while one reduces its
-        # tile, the tensor cores run the others' MMAs. Named barrier 1+w is warpgroup
-        # w's turn to issue, given by the warpgroup that issued the tile before, so
-        # they never start in step; each arrive is matched by one wait.
-        turn = warp // 4
-        for _ in cutlass.range(turn, unroll=1):
+    # Warpgroup `turn` takes tiles turn, turn+turns, ...: while one reduces its tile,
+    # the tensor cores run the others' MMAs. Named barrier 1+w is warpgroup w's turn to
+    # issue, given by the warpgroup that issued the tile before, so they never start in
+    # step; each arrive is matched by one wait.
+    turn = warp // 4
+    for _ in cutlass.range(turn, unroll=1):
+        read.advance()
+    if cutlass.const_expr(reduce == "mma"):
+        # Tile t's head sums go to the tensor cores, then at once this warpgroup's
+        # next MMA: both are queued while the sums of t are waited for and stored.
+        if turn < tile_count:
+            tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, turn, tile_count, turn, turns, dim)
+            warpgroup.wait_group(0)
+            keys.consumer_release(read)
+        for _ in cutlass.range_constexpr(turns):
             read.advance()
-        if cutlass.const_expr(reduce == "mma"):
-            # Tile t's head sums go to the tensor cores, then at once this warpgroup's
-            # next MMA: both are queued while the sums of t are waited for and stored.
-            if turn < tile_count:
-                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, turn, tile_count, turn, turns, dim)
+        for t in cutlass.range(turn, tile_count, turns, unroll=1):
+            token = _lane_token(tCcC, (first_tile + t) * _TOKENS, quad)
+            head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+            following = t + turns
+            if following < tile_count:
+                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
+                                        turn, turns, dim)
+                warpgroup.wait_group(1)
+            else:
                 warpgroup.wait_group(0)
+            _store_head_sums(head_acc, scores, sHist, row0, rows, quad, token, seq_end)
+            # Every iteration ends with no MMA in flight, whichever way it went.
+            warpgroup.wait_group(0)
+            if following < tile_count:
                 keys.consumer_release(read)
             for _ in cutlass.range_constexpr(turns):
                 read.advance()
-            for t in cutlass.range(turn, tile_count, turns, unroll=1):
-                token = _lane_token(tCcC, (first_tile + t) * tokens, quad)
-                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
-                following = t + turns
-                if following < tile_count:
-                    tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
-                                            turn, turns, dim)
-                    warpgroup.wait_group(1)
-                else:
-                    warpgroup.wait_group(0)
-                _store_head_sums(head_acc, scores, sHist, row0, rows, quad, token, seq_end)
-                # Every iteration ends with no MMA in flight, whichever way it went.
-                warpgroup.wait_group(0)
-                if following < tile_count:
-                    keys.consumer_release(read)
-                for _ in cutlass.range_constexpr(turns):
-                    read.advance()
-        else:
-            for t in cutlass.range(turn, tile_count, turns, unroll=1):
-                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, t, tile_count, turn, turns, dim)
-                warpgroup.wait_group(0)
-                keys.consumer_release(read)
-                for _ in cutlass.range_constexpr(turns):
-                    read.advance()
-                _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * tokens, row0, rows, heads,
-                             quad, reduce, seq_end)
-
+    else:
+        for t in cutlass.range(turn, tile_count, turns, unroll=1):
+            tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, t, tile_count, turn, turns, dim)
+            warpgroup.wait_group(0)
+            keys.consumer_release(read)
+            for _ in cutlass.range_constexpr(turns):
+                read.advance()
+            _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * _TOKENS, row0, rows, heads,
+                         quad, reduce, seq_end)
 
 
 @cute.jit
@@ -482,18 +474,16 @@ def _score_tiles(
     dim = k_tiles.shape[1]
     cols = rows * heads
     row0 = seq * rows
-    tokens = _tile_tokens(turns)
     threads = _score_threads(turns)
     # The first warp of the last warpgroup loads, and gives its registers to the others.
     loader = turns * 4
-    mma_warpgroups = 1
     # Read on the device at run time: nothing here depends on a length at compile time,
     # and a CUDA graph replays with whatever lengths the buffer holds then.
     seq_len = context_lens[seq]
     # Row r of the sequence sees its first seq_end + r tokens.
     seq_end = seq_len - rows + 1
     first_tile = split * tiles_per_cta
-    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(seq_len, tokens) - first_tile)
+    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(seq_len, _TOKENS) - first_tile)
     blocks = block_table[seq, None]
     # A span past the sequence's end (or an empty, padding sequence) has nothing to do
     # and writes nothing: the select sums only the spans of each row's own prefix.
@@ -516,14 +506,14 @@ def _score_tiles(
         if cutlass.const_expr(reduce == "mma"):
             sHeadW = smem.allocate_tensor(cutlass.BFloat16, w_layout.outer, 1024, w_layout.inner)
 
-        # Key tiles: one TMA producer thread; every warp of the warpgroups that read a
+        # Key tiles: one TMA producer thread; every warp of the warpgroup that reads a
         # stage releases it.
         k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
         keys = pipeline.PipelineTmaAsync.create(
             barrier_storage=k_barriers,
             num_stages=stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mma_warpgroups * 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
             tx_count=k_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -556,7 +546,7 @@ def _score_tiles(
         # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
         # are filled with zeros by the TMA unit.
         gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
-        gK = cute.local_tile(k_tiles, (tokens, dim), (None, 0))
+        gK = cute.local_tile(k_tiles, (_TOKENS, dim), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(
             tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
         )
@@ -564,26 +554,24 @@ def _score_tiles(
             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
         )
 
-        producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
         if warp == loader:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(
                     q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
                 )
             cute.copy(tma_q, tQgQ[(None, seq)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
-        if cutlass.const_expr(turns > 1):
-            # Registers move to the MMA warpgroups inside the branches that use them, so
-            # the compiler gives each side its own budget.
-            if warp >= loader:
-                cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
-                if warp == loader:
-                    for _ in cutlass.range(tile_count, unroll=1):
-                        producer = _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count, True)
-            else:
-                cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
-                _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, producer, tma_k, tKgK, tKsK,
-                         scores, sHist, first_tile, tile_count, row0, seq_end, rows, heads, dim, stages, turns,
-                         reduce)
+        # Registers move to the MMA warpgroups inside the branches that use them, so the
+        # compiler gives each side its own budget.
+        if warp >= loader:
+            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            if warp == loader:
+                producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                for _ in cutlass.range(tile_count, unroll=1):
+                    producer = _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count)
+        else:
+            cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
+            _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, scores, sHist, first_tile,
+                     tile_count, row0, seq_end, rows, heads, dim, stages, turns, reduce)
 
         cute.arch.sync_threads()
         _write_hist(sHist, hist, split, row0, rows, threads)
@@ -598,19 +586,18 @@ def _launch_scores_mma(
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
-    tokens = _tile_tokens(turns)
     # Both operands are K-major: keys [blocks*64, D] are the A (M = tokens), queries
     # [B*next_n*H, D] the B (N = one sequence's query heads).
     tiled_mma = sm90_utils.make_trivial_tiled_mma(
         k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (1 if turns > 1 else 2, 1, 1), tiler_mn=(64, cols),
+        cutlass.Float32, (1, 1, 1), tiler_mn=(64, cols),
     )
-    tile = (tokens, cols, dim)
+    tile = (_TOKENS, cols, dim)
     k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
     q_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, q_rows.element_type, 1)
     load = cpasync.CopyBulkTensorTileG2SOp()
     tma_k, k_tiles = cpasync.make_tiled_tma_atom(
-        load, k, cute.slice_(k_layout, (None, None, 0)), (tokens, dim)
+        load, k, cute.slice_(k_layout, (None, None, 0)), (_TOKENS, dim)
     )
     tma_q, q_tiles = cpasync.make_tiled_tma_atom(
         load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
@@ -619,11 +606,11 @@ def _launch_scores_mma(
     # whose K is the accumulator's columns; its B, the weights, K-major in shared memory.
     head_mma = sm90_utils.make_trivial_tiled_mma(
         cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (1 if turns > 1 else 2, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
+        cutlass.Float32, (1, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
         a_source=warpgroup.OperandSource.RMEM,
     )
     w_layout = sm90_utils.make_smem_layout_b(
-        LayoutEnum.ROW_MAJOR, (tokens, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
+        LayoutEnum.ROW_MAJOR, (_TOKENS, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
     )
     # (spans of the widest sequence the block table holds, sequences): from shapes only.
     _score_tiles(
