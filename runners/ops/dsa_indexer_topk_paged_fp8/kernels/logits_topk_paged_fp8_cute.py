@@ -21,7 +21,7 @@ and q's scale is folded into the weights:
    every head, so relu(s * x) = s * relu(x): ReLU, weights and the head sum are the
    bf16 kernel's (REDUCE, on the CUDA cores or the tensor cores), and each token's sum
    is multiplied by its scale once, `kv_scale[block_table[b, t], slot]` read before the
-   tile's MMA is waited for. Row r = b*next_n + j stores and counts only its causal
+   MMA whose sums it scales is waited for. Row r = b*next_n + j stores and counts only its causal
    prefix, tokens < context_lens[b] - next_n + 1 + j. Each CTA writes its rows'
    first-digit histograms to hist[span, row].
 2. Select (`_select_rows`): the bf16 paged kernel's, unchanged (it reads float32
@@ -206,8 +206,9 @@ def _lane_scales(
     key scales, from the tile's cache block `block`. "scatter": lane q stores sum
     e = 4j + q for each j, its row half bit 1 of e when ROWS=2, j when 4 (the
     accumulator's halves are tokens 8 apart). "mma": lane q stores row half q // 2.
-    Loaded before the wait on the tile's MMA, the scales arrive while it runs (as in the
-    dense FP8 kernel, where ncu found a multiply waiting on them). A slot of the block is
+    Loaded before the wait on the MMA whose sums they scale (the tile's, or under "mma"
+    its head sums'), the scales arrive while it runs (as in the dense FP8 kernel, where
+    ncu found a multiply waiting on them). A slot of the block is
     always inside the cache: the tail of a sequence's last block has scales too, of
     tokens no row stores."""
     bit1 = (quad & 2) == 2
