@@ -12,6 +12,7 @@ Two kernels ship: rmsnorm's rows_cute and the indexer's logits_topk_cute.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runners.harness.dsl import child_environment, kernel_dsl, static_check
+from runners.harness.dsl import child_environment, kernel_dsl, launch_counter, static_check
 from runners.ops import get_op, list_ops
 from runners.space import grid_points, read_literals
 
@@ -208,13 +209,17 @@ INDEXER_COMMON = textwrap.dedent("""
                 wrong.append(f"{context}: not in token order")
         return wrong
 
-    def launched(module, *args):
+    def launched(module, *calls):
+        # forward on each argument list in turn (one call unless more are given),
+        # counting the compiles and launches of them all; the last error.
+        calls = calls if isinstance(calls[0], list) else [calls]
+        error = None
         with launch_counter("cute") as launches:
-            try:
-                module.forward(*args)
-                error = None
-            except Exception as failure:
-                error = {"type": type(failure).__name__, "message": str(failure)}
+            for args in calls:
+                try:
+                    module.forward(*args)
+                except Exception as failure:
+                    error = {"type": type(failure).__name__, "message": str(failure)}
         return {"count": launches.count, "compiles": launches.compiles, "error": error,
                 "torch_compute": dict(torch_compute(launches.torch_ops))}
 """)
@@ -270,15 +275,15 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
         scores = module.compiled_scores_mma(
-            torch.bfloat16, 64, 64, 128, 5000, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
-            point["STAGES"], 132, torch.float32, point["SCHEDULE"], point["REDUCE"])
-        select = module.compiled_select(64, 5000, 8, 2048, point["SELECT_THREADS"])
+            torch.bfloat16, 64, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
+            point["STAGES"], torch.float32, point["SCHEDULE"], point["REDUCE"])
+        select = module.compiled_select(64, 2048, point["SELECT_THREADS"], *module.select_bucket(5000))
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores), "select": ptx_facts(select),
                        "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
 
     module = load(source, "shipped")
-    simt = ptx_facts(module.compiled_scores_simt(64, 64, 128, 5000, 132))
+    simt = ptx_facts(module.compiled_scores_simt(64, 64, 128))
     gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module),
             "equal_scores_wrong": equal_scores_wrong(module),
             "duplicate_keys_wrong": duplicate_keys_wrong(module), "out_of_order": out_of_order(module)}
@@ -287,15 +292,19 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     device = "cuda" if on_gpu else "cpu"
     launch = launched(load(source, "launched"), torch.randn(3, 64, 128, device=device).bfloat16(),
                       torch.randn(5000, 128, device=device).bfloat16(), torch.randn(3, 64, device=device), 2048)
-    print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch}))
+    # Two context lengths (and so two split counts) of one select bucket, in a fresh module.
+    lengths = launched(load(source, "lengths"), *[
+        [torch.randn(3, 64, 128, device=device).bfloat16(), torch.randn(context, 128, device=device).bfloat16(),
+         torch.randn(3, 64, device=device), 2048] for context in (5000, 70000)])
+    print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch, "lengths": lengths}))
 """)
 
 FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     points = {}
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
-        scores = module.compiled_scores_mma(64, 64, 128, 5000, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
-                                            point["STAGES"], 132, torch.float32, point["SCHEDULE"],
+        scores = module.compiled_scores_mma(64, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
+                                            point["STAGES"], torch.float32, point["SCHEDULE"],
                                             point["REDUCE"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores),
@@ -305,7 +314,10 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     # 3 query rows and 5000 tokens, made where this machine can hold them.
     workload = dataclasses.replace(workloads[1], device="cuda" if on_gpu else "cpu")
     launch = launched(load(source, "launched"), *op.make_inputs(workload, 13, "normal").values())
-    print(json.dumps({"points": points, "gpu": gpu, "launch": launch}))
+    lengths = launched(load(source, "lengths"), *[
+        list(op.make_inputs(dataclasses.replace(w, device=workload.device), 13, "normal").values())
+        for w in op.workloads("cuda", [2048, 5000], [3])])
+    print(json.dumps({"points": points, "gpu": gpu, "launch": launch, "lengths": lengths}))
 """)
 
 
@@ -394,6 +406,14 @@ def test_on_a_gpu_the_indexer_forward_launches_its_two_kernels_and_no_torch_comp
     assert indexer_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
 
 
+def test_the_indexer_compiles_once_for_two_context_lengths(indexer_child):
+    # 5000 and 70000 tokens, split 2 and 4 ways at 3 rows: the lengths and the spans are
+    # runtime values. Without a GPU only the scores kernel is reached (its launch fails);
+    # with one, both kernels compile once and each launches twice.
+    want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
+    assert {key: indexer_child["lengths"][key] for key in want} == want
+
+
 def test_the_static_check_finds_the_launched_indexer_kernels():
     status, detail = static_check(INDEXER.read_text(), "cute")
     assert status == "pass", detail
@@ -443,6 +463,11 @@ def test_on_a_gpu_the_fp8_indexer_launches_its_two_kernels_and_no_torch_compute(
     assert fp8_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
 
 
+def test_the_fp8_indexer_compiles_once_for_two_context_lengths(fp8_child):
+    want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
+    assert {key: fp8_child["lengths"][key] for key in want} == want
+
+
 def test_the_static_check_finds_the_launched_fp8_indexer_kernels():
     status, detail = static_check(FP8_INDEXER.read_text(), "cute")
     assert status == "pass", detail
@@ -461,3 +486,232 @@ def test_torch_kernels_fail_the_cute_check(path):
     status, detail = static_check(path.read_text(), "cute")
     assert status == "fail"
     assert "does not import cutlass.cute" in detail
+
+
+# --- the paged indexers: logits_topk_paged_cute, logits_topk_paged_fp8_cute -----------
+
+PAGED = get_op("dsa_indexer_topk_paged").kernels()["logits_topk_paged_cute"]
+PAGED_FP8 = get_op("dsa_indexer_topk_paged_fp8").kernels()["logits_topk_paged_fp8_cute"]
+
+# What both paged kernels' children share: every SPACE point's PTX facts (the scores
+# kernel compiled by `scores_kernel(module, point, next_n)`, its signature being the
+# kernel's own), and on a GPU the op's workloads, graph replays and a tie plateau.
+PAGED_COMMON = INDEXER_COMMON + textwrap.dedent("""
+    def on(workload, device):
+        return dataclasses.replace(workload, device=device)
+
+    def replays_differ(module):
+        # 20 replays of one captured graph give the same output bit for bit.
+        inputs = op.make_inputs(op.workloads("cuda", [65536], [8])[0], 14, "uniform_outliers")
+        args = list(inputs.values())
+        for _ in range(2):
+            module.forward(*args)  # compiled before capture, which cannot compile
+        graph, outputs = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph):
+            out = module.forward(*args)
+        for _ in range(20):
+            graph.replay()
+            outputs.append(out.clone())
+        return sum(not torch.equal(outputs[0], other) for other in outputs[1:])
+
+    def plateau_wrong(module):
+        # Most keys point away from every query: their logits are negative, ReLU makes
+        # them exactly 0.0, and the top-k is the few positive scores then the
+        # lowest-indexed zeros, exactly (the select's ties go to the lowest index). Signs
+        # are flipped in float32 and cast back: exact in bfloat16 and in e4m3, and the
+        # FP8 op's key scales are positive already.
+        inputs = op.make_inputs(op.workloads("cuda", [8192], [8])[0], 15, "normal")
+        inputs["q"] = inputs["q"].float().abs().to(inputs["q"].dtype)
+        inputs["weights"] = inputs["weights"].abs()
+        cache = inputs["kv_cache"]
+        loud = torch.rand(cache.shape[:2], device=cache.device) < 0.05
+        keys = cache.float().abs()
+        inputs["kv_cache"] = torch.where(loud.unsqueeze(-1), keys, -keys).to(cache.dtype)
+        got = module.forward(*inputs.values())
+        scores = op.reference(inputs)
+        # A stable sort keeps equal scores in token order: the exact top-k, ties to the
+        # lowest index. (Every positive score is chosen: about 5% of 8192 tokens.)
+        want = scores.sort(dim=1, descending=True, stable=True).indices[:, :inputs["topk"]]
+        want = want.masked_fill(scores.gather(1, want) == float("-inf"), -1).sort(dim=1).values
+        zeros = int((scores == 0).sum())
+        return [] if torch.equal(got.sort(dim=1).values, want) and zeros > scores.numel() // 2 else [
+            f"{int((got.sort(dim=1).values != want).sum())} slots differ from the exact top-k ({zeros} zeros)"]
+
+    def paged_facts(scores_kernel):
+        points = {}
+        for index, point in enumerate(grid_points(read_literals(source)[1])):
+            module = load(materialize(source, point), f"point{index}")
+            facts = {f"scores{next_n}": ptx_facts(scores_kernel(module, point, next_n)) for next_n in (1, 2)}
+            facts["select"] = ptx_facts(module.compiled_select(1, 2048, point["SPAN"], point["SELECT_THREADS"]))
+            key = ",".join(f"{name}={value}" for name, value in point.items())
+            facts["failures"] = (check_failures(op, module.forward, op.workloads("cuda", [4096, 65536], [8]), (11, 12))
+                                 if on_gpu else None)
+            points[key] = facts
+
+        module = load(source, "shipped")
+        gpu = ({"replays_differ": replays_differ(module), "plateau_wrong": plateau_wrong(module),
+                "failures": check_failures(op, module.forward, op.workloads("cuda", [262144], [64]), (11,))}
+               if on_gpu else None)
+        device = "cuda" if on_gpu else "cpu"
+        # Two length mixes (mixed and equal), two table widths and two batch sizes of one
+        # batch bucket (3 and 5 pad to 8), one token a sequence: one compile of each kernel.
+        calls = [list(op.make_inputs(on(w, device), 13, "normal").values())
+                 for w in op.workloads("cuda", [4096, 8192], [3, 5]) if w.params["next_n"] == 1]
+        lengths = launched(load(source, "lengths"), *calls)
+        return {"points": points, "gpu": gpu, "lengths": lengths, "calls": len(calls)}
+""")
+
+PAGED_CHILD = PAGED_COMMON + textwrap.dedent("""
+    print(json.dumps(paged_facts(lambda module, point, next_n: module.compiled_scores_mma(
+        torch.bfloat16, 64, 128, next_n, point["STAGES"], point["SCHEDULE"], point["REDUCE"], point["SPAN"]))))
+""")
+
+PAGED_FP8_CHILD = PAGED_COMMON + textwrap.dedent("""
+    print(json.dumps(paged_facts(lambda module, point, next_n: module.compiled_scores_mma(
+        64, 128, next_n, point["STAGES"], point["SCHEDULE"], point["REDUCE"], point["SPAN"]))))
+""")
+
+
+@pytest.fixture(scope="module")
+def paged_child(tmp_path_factory):
+    return _run_child(PAGED_CHILD, PAGED, tmp_path_factory.mktemp("cute-paged"), 600, "dsa_indexer_topk_paged")
+
+
+@pytest.mark.parametrize("label", list(_labels(PAGED)))
+def test_every_paged_indexer_space_point_compiles_to_wgmma_fed_by_tma(paged_child, label):
+    point = paged_child["points"][label]
+    for next_n in (1, 2):
+        scores = point[f"scores{next_n}"]
+        if not ON_GPU:
+            assert scores["targets"] == ["sm_90a"]
+        # One sequence's next_n query rows of 64 heads are the MMA's N; a cache block of
+        # 64 tokens its M, loaded by TMA.
+        assert scores["wgmma"] == _wgmma(label, f"m64n{64 * next_n}k16.bf16.bf16")
+        assert scores["tma_loads"] > 0 and scores["smem_atomics"] > 0
+        threads = {"pingpong": "384", "roundrobin": "512"}[label.split("SCHEDULE=")[1].split(",")[0]]
+        assert scores["threads"] == [threads] and scores["named_arrives"] > 0
+    select = point["select"]
+    assert select["wgmma"] == [] and select["smem_atomics"] > 0 and select["ballots"] > 0
+    assert select["smem_or_atomics"] > 0 and select["wide_loads"] > 0
+    if ON_GPU:
+        assert point["failures"] == []
+
+
+def test_the_paged_indexer_compiles_once_for_new_lengths_widths_and_batches(paged_child):
+    calls = paged_child["calls"]
+    assert calls == 8  # (mixed, equal) x 2 widths x 2 batch sizes
+    want = ({"count": 2 * calls, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1})
+    assert {key: paged_child["lengths"][key] for key in want} == want
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+def test_without_a_gpu_the_paged_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(paged_child):
+    launch = paged_child["lengths"]
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    assert launch["torch_compute"] == {}
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_paged_indexer_replays_bit_identically_and_is_exact_on_a_tie_plateau(paged_child):
+    # check_failures above also replays a captured graph on new lengths (another seed).
+    assert paged_child["gpu"] == {"replays_differ": 0, "plateau_wrong": [], "failures": []}
+
+
+def test_the_static_check_finds_the_launched_paged_indexer_kernels():
+    status, detail = static_check(PAGED.read_text(), "cute")
+    assert status == "pass", detail
+    assert detail.startswith("forward launches @cute.kernel _")
+
+
+@pytest.fixture(scope="module")
+def paged_fp8_child(tmp_path_factory):
+    return _run_child(PAGED_FP8_CHILD, PAGED_FP8, tmp_path_factory.mktemp("cute-paged-fp8"), 600,
+                      "dsa_indexer_topk_paged_fp8")
+
+
+@pytest.mark.parametrize("label", list(_labels(PAGED_FP8)))
+def test_every_paged_fp8_indexer_space_point_compiles_to_e4m3_wgmma_fed_by_tma(paged_fp8_child, label):
+    point = paged_fp8_child["points"][label]
+    for next_n in (1, 2):
+        scores = point[f"scores{next_n}"]
+        if not ON_GPU:
+            assert scores["targets"] == ["sm_90a"]
+        # e4m3 in, float32 accumulated, 32 of D per instruction: one sequence's next_n
+        # query rows of 64 heads are the MMA's N, a 64-token cache block its M, by TMA.
+        assert scores["wgmma"] == _wgmma(label, f"m64n{64 * next_n}k32.e4m3.e4m3")
+        assert scores["tma_loads"] > 0
+        threads = {"pingpong": "384", "roundrobin": "512"}[label.split("SCHEDULE=")[1].split(",")[0]]
+        assert scores["threads"] == [threads] and scores["named_arrives"] > 0
+        # Each lane counts the scores it stores: all 2*next_n of its quad's under divergent
+        # branches ("shuffle", and "scatter" at next_n = 1, which has no pair of rows to
+        # scatter), or the one the reduce-scatter or the head-sum MMA left it.
+        shuffles = "REDUCE=shuffle" in label or ("REDUCE=scatter" in label and next_n == 1)
+        assert scores["smem_atomics"] == (2 * next_n if shuffles else 1)
+    select = point["select"]
+    assert select["wgmma"] == [] and select["smem_atomics"] > 0 and select["ballots"] > 0
+    assert select["smem_or_atomics"] > 0 and select["wide_loads"] > 0
+    if ON_GPU:
+        assert point["failures"] == []
+
+
+def test_the_paged_fp8_indexer_compiles_once_for_new_lengths_widths_and_batches(paged_fp8_child):
+    calls = paged_fp8_child["calls"]
+    assert calls == 8  # (mixed, equal) x 2 widths x 2 batch sizes
+    # Both kernels compile before either launches (a shape or top-k one cannot run fails
+    # before any work), so without a GPU both compile once and nothing launches.
+    want = ({"count": 2 * calls, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 2})
+    assert {key: paged_fp8_child["lengths"][key] for key in want} == want
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+def test_without_a_gpu_the_paged_fp8_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(
+        paged_fp8_child):
+    launch = paged_fp8_child["lengths"]
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    assert launch["torch_compute"] == {}
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
+def test_on_a_gpu_the_paged_fp8_indexer_replays_bit_identically_and_is_exact_on_a_tie_plateau(paged_fp8_child):
+    # check_failures above also replays a captured graph on new lengths (another seed);
+    # "failures" here is every 256K workload at 64 sequences, all-256K among them.
+    assert paged_fp8_child["gpu"] == {"replays_differ": 0, "plateau_wrong": [], "failures": []}
+
+
+def _paged_fp8_inputs(**changed):
+    """Two sequences of one token's query, 64 heads of 128, in a cache of 4 blocks: the
+    op's layout, with `changed` replacing any of them."""
+    fp8 = torch.float8_e4m3fn
+    inputs = {
+        "q": torch.zeros(2, 1, 64, 128, dtype=fp8), "kv_cache": torch.zeros(4, 64, 128, dtype=fp8),
+        "kv_scale": torch.ones(4, 64), "block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+        "context_lens": torch.tensor([100, 30], dtype=torch.int32), "weights": torch.ones(2, 64), "topk": 16,
+    }
+    return {**inputs, **changed}
+
+
+@pytest.mark.parametrize("changed, error, words", [
+    ({"q": torch.zeros(2, 1, 64, 128, dtype=torch.bfloat16)}, TypeError, "float8_e4m3fn"),
+    ({"kv_scale": torch.ones(4, 64, dtype=torch.bfloat16)}, TypeError, "kv_scale and weights in torch.float32"),
+    ({"block_table": torch.tensor([[0, 1], [2, 3]])}, TypeError, "block_table and context_lens are torch.int32"),
+    ({"kv_scale": torch.ones(4, 32)}, ValueError, "kv_scale [blocks, 64]"),
+    ({"context_lens": torch.tensor([100], dtype=torch.int32)}, ValueError, "context_lens [B]"),
+    ({"topk": 0}, ValueError, "top-0"),
+])
+def test_the_paged_fp8_indexer_names_what_is_wrong_with_its_inputs_before_compiling_or_launching(
+        changed, error, words):
+    spec = importlib.util.spec_from_file_location("paged_fp8_inputs", PAGED_FP8)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with launch_counter("cute") as launches, pytest.raises(error) as raised:
+        module.forward(*_paged_fp8_inputs(**changed).values())
+    assert words in str(raised.value)
+    assert (launches.compiles, launches.count) == (0, 0)
+
+
+def test_the_static_check_finds_the_launched_paged_fp8_indexer_kernels():
+    status, detail = static_check(PAGED_FP8.read_text(), "cute")
+    assert status == "pass", detail
+    assert detail.startswith("forward launches @cute.kernel _")

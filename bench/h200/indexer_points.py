@@ -75,10 +75,12 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     rows_m, heads, dim = q.shape
     context, sms = k.shape[0], module._sms()
     rows = module.mma_rows(rows, heads, schedule)
-    splits, _ = module._mma_splits(rows_m, context, rows, sms)
+    splits, per_cta = module._mma_splits(rows_m, context, rows, sms)
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device=q.device)
-    shape = (rows_m, heads, dim, context, rows, stages, sms, weights.dtype, schedule, reduce)
+    shape = (rows_m, heads, dim, rows, stages, weights.dtype, schedule, reduce)
+    # Taking turns, a tile is one warpgroup's 64 tokens: twice the 128-token count.
+    span = per_cta * (2 if module._SCHEDULES[schedule] > 1 else 1)
     if "k_scale" in inputs:
         kernel = module.compiled_scores_mma(*shape)
         tensors = (q.view(rows_m * heads, dim), k, inputs["k_scale"], weights, scores, hist)
@@ -88,7 +90,7 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     arguments = [from_dlpack(t, assumed_align=16) for t in tensors]
 
     def launch(*_unused):
-        kernel(*arguments, module._stream(q))
+        kernel(*arguments, module._stream(q), span)
     return launch, scores, hist
 
 

@@ -117,7 +117,7 @@ def compile_for(rows: int, context: int, topk: int) -> None:
     """Both kernels for this shape, before any capture (capture cannot compile)."""
     splits, per_cta = splits_for(rows, context, _cute_select._sms())
     compiled_count(rows, context, splits, per_cta)
-    _cute_select.compiled_select(rows, context, splits, topk, SELECT_THREADS)
+    _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))
 
 
 def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) -> torch.Tensor:
@@ -137,7 +137,7 @@ def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) ->
     hist_arg = from_dlpack(hist, assumed_align=align)
     compiled_count(rows, context, splits, per_cta)(
         scores_arg, from_dlpack(lengths, assumed_align=align), hist_arg, stream)
-    _cute_select.compiled_select(rows, context, splits, topk, SELECT_THREADS)(
+    _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))(
         scores_arg, hist_arg, from_dlpack(out, assumed_align=align), stream)
     if pad:
         out.masked_fill_(out >= lengths.unsqueeze(1), -1)

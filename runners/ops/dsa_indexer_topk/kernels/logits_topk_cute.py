@@ -533,8 +533,8 @@ def _score_tiles(
     tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
     weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tiled_mma: cute.TiledMma,
     head_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
-    w_layout: cute.ComposedLayout, dtype: cutlass.Constexpr, rows: cutlass.Constexpr,
-    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr,
+    w_layout: cute.ComposedLayout, dtype: cutlass.Constexpr, tiles_per_cta: cutlass.Int32,
+    rows: cutlass.Constexpr, stages: cutlass.Constexpr, turns: cutlass.Constexpr,
     reduce: cutlass.Constexpr,
 ):
     # The select may launch once every CTA has passed here: its CTAs wait on the SMs
@@ -654,8 +654,8 @@ def _score_tiles(
 @cute.jit
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
-    hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
-    tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
+    hist: cute.Tensor, stream: cuda.CUstream, tiles_per_cta: cutlass.Int32, rows: cutlass.Constexpr,
+    stages: cutlass.Constexpr, turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
     dim = k.shape[1]
@@ -689,7 +689,7 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, weights, scores, hist, tiled_mma, head_mma, k_layout,
-        q_layout, w_layout, k.element_type, rows, stages, tiles_per_cta, turns, reduce,
+        q_layout, w_layout, k.element_type, tiles_per_cta, rows, stages, turns, reduce,
     ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
 
 
@@ -699,7 +699,7 @@ def _launch_scores_mma(
 @cute.kernel
 def _score_rows_simt(
     q: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
-    hist: cute.Tensor, tokens_per_cta: cutlass.Constexpr,
+    hist: cute.Tensor, tokens_per_cta: cutlass.Int32,
 ):
     """One query row and one span of the context per CTA, one token per thread: the
     row's queries sit in shared memory, where all threads read the same value at once."""
@@ -740,7 +740,7 @@ def _score_rows_simt(
 @cute.jit
 def _launch_scores_simt(
     q: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
-    hist: cute.Tensor, stream: cuda.CUstream, tokens_per_cta: cutlass.Constexpr,
+    hist: cute.Tensor, stream: cuda.CUstream, tokens_per_cta: cutlass.Int32,
 ):
     _score_rows_simt(q, k, weights, scores, hist, tokens_per_cta).launch(
         grid=(hist.shape[0], scores.shape[0], 1), block=(_SIMT_THREADS, 1, 1), stream=stream
@@ -816,21 +816,21 @@ def _choose(chosen: cute.Tensor, counts: cute.Tensor, index: cutlass.Int32, by_b
 
 @cute.jit
 def _write_bitmap(
-    bitmap: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, warp_totals: cute.Tensor,
-    threads: cutlass.Constexpr,
+    bitmap: cute.Tensor, words: cutlass.Int32, out: cute.Tensor, row: cutlass.Int32,
+    warp_totals: cute.Tensor, threads: cutlass.Constexpr,
 ):
-    """Write the tokens whose bits are set, in token order: thread t owns a run of
-    words, a block prefix sum of their bit counts gives it its first slot."""
+    """Write the tokens whose bits are set among the bitmap's first `words`, in token
+    order: thread t owns a run of words, a block prefix sum of their bit counts gives it
+    its first slot."""
     tidx, _, _ = cute.arch.thread_idx()
-    words = cute.size(bitmap)
     per_thread = (words + threads - 1) // threads
     first = tidx * per_thread
     owned = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(per_thread):
+    for i in cutlass.range(per_thread, unroll=1):
         if first + i < words:
             owned += cutlass.Int32(cute.arch.popc(bitmap[first + i]))
     slot = _exclusive_prefix(owned, warp_totals)
-    for i in cutlass.range_constexpr(per_thread):
+    for i in cutlass.range(per_thread, unroll=1):
         word = first + i
         if word < words:
             bits = bitmap[word]
@@ -845,14 +845,13 @@ def _write_bitmap(
 def _candidates(
     scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
     indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, threads: cutlass.Constexpr,
-    by_bitmap: cutlass.Constexpr,
+    by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
 ):
     """One pass over the row in 16-byte loads, several in flight per thread: every score
     whose first digit is above `top` is chosen outright; those whose first digit is
     `top` go to (keys, indices), the candidates for the remaining places."""
     tidx, _, _ = cute.arch.thread_idx()
     context = scores.shape[1]
-    vec = 4 if context % 4 == 0 else 1
     # (vec, context // vec): column j is the row's j-th vector.
     row_vectors = cute.zipped_divide(scores[row, None], (vec,))
     vectors = context // vec
@@ -910,7 +909,7 @@ def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass
 @cute.kernel
 def _select_rows(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr,
-    sorted_slots: cutlass.Constexpr,
+    sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
 ):
     # Launched while the scores kernel still runs (programmatic dependent launch): wait
     # for it to finish and its scores and histograms to be visible.
@@ -928,10 +927,11 @@ def _select_rows(
     sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
     sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
     # The chosen: one bit per token where the row's bitmap fits, else a list of indices.
-    context = scores.shape[1]
-    by_bitmap = context <= _BITMAP_TOKENS
+    # The context is a runtime value: the bitmap is sized for the longest row it serves
+    # and only its first `words` are used.
+    words = cute.ceil_div(scores.shape[1], _WARP)
     if cutlass.const_expr(by_bitmap):
-        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout((context + _WARP - 1) // _WARP), 16)
+        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_BITMAP_TOKENS // _WARP), 16)
     else:
         sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
 
@@ -945,7 +945,7 @@ def _select_rows(
     if tidx < 3:
         sCounts[tidx] = 0
     if cutlass.const_expr(by_bitmap):
-        for i in cutlass.range(tidx, cute.size(sChosen), threads, unroll=1):
+        for i in cutlass.range(tidx, words, threads, unroll=1):
             sChosen[i] = cutlass.Uint32(0)
     else:
         # Slots the top-k leaves empty sort last and are never written out.
@@ -960,7 +960,7 @@ def _select_rows(
     if in_bin <= _CANDIDATES:
         # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
         # the row is read once and digits 2 and 3 are counted among the candidates.
-        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads, by_bitmap)
+        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads, by_bitmap, vec)
         for b in cutlass.range(tidx, _BINS, threads, unroll=1):
             sHist[b] = 0
         cute.arch.sync_threads()
@@ -1022,7 +1022,7 @@ def _select_rows(
         # Atomics marked the chosen in no fixed order: written in token order, the output
         # is the same bit for bit on every call.
         if cutlass.const_expr(by_bitmap):
-            _write_bitmap(sChosen, out, row, sWarp, threads)
+            _write_bitmap(sChosen, words, out, row, sWarp, threads)
         else:
             _bitonic_sort(sChosen, sorted_slots, threads)
             for i in cutlass.range(tidx, topk, threads, unroll=1):
@@ -1126,11 +1126,12 @@ def _select_by_passes(
 @cute.jit
 def _launch_select(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream,
-    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr,
+    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr,
+    vec: cutlass.Constexpr,
 ):
     # use_pdl: the select's launch overlaps the scores kernel's tail; it waits for it
     # in griddepcontrol.wait.
-    _select_rows(scores, hist, out, threads, sorted_slots).launch(
+    _select_rows(scores, hist, out, threads, sorted_slots, by_bitmap, vec).launch(
         grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
     )
 
@@ -1147,11 +1148,25 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % _ALIGN == 0 else t.clone()
 
 
-def _fake(dtype, shape: tuple[int, ...]):
-    """A row-major global tensor of this shape, described, not allocated."""
+def _fake(dtype, shape: tuple):
+    """A row-major global tensor of this shape, described, not allocated; a dimension
+    given as a cute.sym_int is a runtime value, bound at each call."""
     return make_fake_compact_tensor(
         dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
     )
+
+
+def _length():
+    """A context length or a split count: a runtime value, so a new one compiles nothing."""
+    return cute.sym_int32()
+
+
+def select_bucket(context: int) -> tuple[int, bool]:
+    """What the select compiles for a context (at most four kernels per shape and
+    parameters, not one per length): its 16-byte loads need rows 16-byte aligned
+    (vec 4) or take one score at a time (vec 1); past _BITMAP_TOKENS the chosen are
+    listed and sorted instead of marked in a bitmap."""
+    return (4 if context % 4 == 0 else 1), context <= _BITMAP_TOKENS
 
 
 @functools.cache
@@ -1178,14 +1193,16 @@ def _simt_splits(rows_m: int, context: int, sms: int) -> tuple[int, int]:
 
 @functools.cache
 def compiled_scores_mma(
-    dtype: torch.dtype, rows_m: int, heads: int, dim: int, context: int,
-    rows: int, stages: int, sms: int, weight_dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype, rows_m: int, heads: int, dim: int,
+    rows: int, stages: int, weight_dtype: torch.dtype = torch.float32,
     schedule: str = "cooperative", reduce: str = "shuffle",
 ):
-    """The tensor-core scores kernel for one shape and parameters; no GPU needed.
+    """The tensor-core scores kernel for one shape and parameters, any context length
+    (the context and the CTAs' spans are runtime values); no GPU needed.
 
     `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup,
-    so both schedules keep the same bytes in flight and give a CTA the same span."""
+    so both schedules keep the same bytes in flight and give a CTA the same span.
+    Called with the tensors, the stream and the key tiles per CTA (`_mma_splits`)."""
     if rows * heads > 256 or heads % 8 or dim % 64:
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 64 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
@@ -1198,42 +1215,44 @@ def compiled_scores_mma(
     if reduce not in _REDUCTIONS:
         raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
     element = _MMA_DTYPES[dtype]
-    splits, per_cta = _mma_splits(rows_m, context, rows, sms)
     halves = 2 if turns > 1 else 1
     return cute.compile(
         _launch_scores_mma,
-        _fake(element, (rows_m * heads, dim)), _fake(element, (context, dim)),
-        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
-        _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), rows, stages * halves,
-        per_cta * halves, turns, reduce_as_compiled(reduce, rows),
+        _fake(element, (rows_m * heads, dim)), _fake(element, (_length(), dim)),
+        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, _length())),
+        _fake(cutlass.Int32, (_length(), rows_m, _BINS)), cuda.CUstream(0), 1, rows, stages * halves,
+        turns, reduce_as_compiled(reduce, rows),
     )
 
 
 @functools.cache
 def compiled_scores_simt(
-    rows_m: int, heads: int, dim: int, context: int, sms: int,
-    weight_dtype: torch.dtype = torch.float32,
+    rows_m: int, heads: int, dim: int, weight_dtype: torch.dtype = torch.float32,
 ):
-    """The float32 scores kernel for one shape; no GPU needed."""
-    splits, per_cta = _simt_splits(rows_m, context, sms)
+    """The float32 scores kernel for one shape, any context length; no GPU needed.
+    Called with the tensors, the stream and the tokens per CTA (`_simt_splits`)."""
     return cute.compile(
         _launch_scores_simt,
-        _fake(cutlass.Float32, (rows_m, heads, dim)), _fake(cutlass.Float32, (context, dim)),
-        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, context)),
-        _fake(cutlass.Int32, (splits, rows_m, _BINS)), cuda.CUstream(0), per_cta,
+        _fake(cutlass.Float32, (rows_m, heads, dim)), _fake(cutlass.Float32, (_length(), dim)),
+        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, _length())),
+        _fake(cutlass.Int32, (_length(), rows_m, _BINS)), cuda.CUstream(0), 1,
     )
 
 
 @functools.cache
-def compiled_select(rows_m: int, context: int, splits: int, topk: int, threads: int):
-    """The select kernel for one shape; no GPU needed."""
+def compiled_select(rows_m: int, topk: int, threads: int, vec: int = 4, by_bitmap: bool = True):
+    """The select kernel for one shape and one `select_bucket` of context lengths, any
+    length and split count within it; no GPU needed."""
     if topk > _MAX_TOPK:
         raise ValueError(f"logits_topk_cute selects at most {_MAX_TOPK} per row; got top-{topk}")
+    # A 16-byte vector of a row starts 16-byte aligned only if the row length is a
+    # multiple of four: promised to the compiler, which then emits the wide loads.
+    context = cute.sym_int32(divisibility=vec)
     return cute.compile(
         _launch_select,
-        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
+        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (_length(), rows_m, _BINS)),
         _fake(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
-        1 << (topk - 1).bit_length(),
+        1 << (topk - 1).bit_length(), by_bitmap, vec,
     )
 
 
@@ -1260,22 +1279,24 @@ def forward(
     sms = _sms()
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     if q.dtype == torch.float32:
-        splits, _ = _simt_splits(rows_m, context, sms)
-        kernel = compiled_scores_simt(rows_m, heads, dim, context, sms, weights.dtype)
+        splits, span = _simt_splits(rows_m, context, sms)
+        kernel = compiled_scores_simt(rows_m, heads, dim, weights.dtype)
         score_args = (q, k)
     else:
         rows = mma_rows(PARAMS["ROWS"], heads, PARAMS["SCHEDULE"])
-        splits, _ = _mma_splits(rows_m, context, rows, sms)
+        splits, per_cta = _mma_splits(rows_m, context, rows, sms)
         kernel = compiled_scores_mma(
-            q.dtype, rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype,
+            q.dtype, rows_m, heads, dim, rows, PARAMS["STAGES"], weights.dtype,
             PARAMS["SCHEDULE"], PARAMS["REDUCE"],
         )
         score_args = (q.view(rows_m * heads, dim), k)
+        # Taking turns, a tile is one warpgroup's 64 tokens: twice the 128-token count.
+        span = per_cta * (2 if _SCHEDULES[PARAMS["SCHEDULE"]] > 1 else 1)
     hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
     stream = _stream(q)
-    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (*score_args, weights, scores, hist)), stream)
-    compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
+    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (*score_args, weights, scores, hist)), stream, span)
+    compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(
         *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out)), stream
     )
     return out

@@ -544,7 +544,7 @@ def _score_tiles(
     k_scale: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor,
     tiled_mma: cute.TiledMma, head_mma: cute.TiledMma, k_layout: cute.ComposedLayout,
     q_layout: cute.ComposedLayout, w_layout: cute.ComposedLayout, dtype: cutlass.Constexpr,
-    rows: cutlass.Constexpr, stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr,
+    tiles_per_cta: cutlass.Int32, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
     turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
 ):
     # The select may launch once every CTA has passed here: its CTAs wait on the SMs
@@ -664,8 +664,8 @@ def _score_tiles(
 @cute.jit
 def _launch_scores_mma(
     q_rows: cute.Tensor, k: cute.Tensor, k_scale: cute.Tensor, weights: cute.Tensor,
-    scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, rows: cutlass.Constexpr,
-    stages: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, turns: cutlass.Constexpr,
+    scores: cute.Tensor, hist: cute.Tensor, stream: cuda.CUstream, tiles_per_cta: cutlass.Int32,
+    rows: cutlass.Constexpr, stages: cutlass.Constexpr, turns: cutlass.Constexpr,
     reduce: cutlass.Constexpr,
 ):
     cols = rows * weights.shape[1]
@@ -700,7 +700,7 @@ def _launch_scores_mma(
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
         tma_k, k_tiles, tma_q, q_tiles, k_scale, weights, scores, hist, tiled_mma, head_mma,
-        k_layout, q_layout, w_layout, k.element_type, rows, stages, tiles_per_cta, turns, reduce,
+        k_layout, q_layout, w_layout, k.element_type, tiles_per_cta, rows, stages, turns, reduce,
     ).launch(grid=(groups, hist.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
 
 
@@ -773,21 +773,21 @@ def _choose(chosen: cute.Tensor, counts: cute.Tensor, index: cutlass.Int32, by_b
 
 @cute.jit
 def _write_bitmap(
-    bitmap: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, warp_totals: cute.Tensor,
-    threads: cutlass.Constexpr,
+    bitmap: cute.Tensor, words: cutlass.Int32, out: cute.Tensor, row: cutlass.Int32,
+    warp_totals: cute.Tensor, threads: cutlass.Constexpr,
 ):
-    """Write the tokens whose bits are set, in token order: thread t owns a run of
-    words, a block prefix sum of their bit counts gives it its first slot."""
+    """Write the tokens whose bits are set among the bitmap's first `words`, in token
+    order: thread t owns a run of words, a block prefix sum of their bit counts gives it
+    its first slot."""
     tidx, _, _ = cute.arch.thread_idx()
-    words = cute.size(bitmap)
     per_thread = (words + threads - 1) // threads
     first = tidx * per_thread
     owned = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(per_thread):
+    for i in cutlass.range(per_thread, unroll=1):
         if first + i < words:
             owned += cutlass.Int32(cute.arch.popc(bitmap[first + i]))
     slot = _exclusive_prefix(owned, warp_totals)
-    for i in cutlass.range_constexpr(per_thread):
+    for i in cutlass.range(per_thread, unroll=1):
         word = first + i
         if word < words:
             bits = bitmap[word]
@@ -802,14 +802,13 @@ def _write_bitmap(
 def _candidates(
     scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
     indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, threads: cutlass.Constexpr,
-    by_bitmap: cutlass.Constexpr,
+    by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
 ):
     """One pass over the row in 16-byte loads, several in flight per thread: every score
     whose first digit is above `top` is chosen outright; those whose first digit is
     `top` go to (keys, indices), the candidates for the remaining places."""
     tidx, _, _ = cute.arch.thread_idx()
     context = scores.shape[1]
-    vec = 4 if context % 4 == 0 else 1
     # (vec, context // vec): column j is the row's j-th vector.
     row_vectors = cute.zipped_divide(scores[row, None], (vec,))
     vectors = context // vec
@@ -867,7 +866,7 @@ def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass
 @cute.kernel
 def _select_rows(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr,
-    sorted_slots: cutlass.Constexpr,
+    sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
 ):
     # Launched while the scores kernel still runs (programmatic dependent launch): wait
     # for it to finish and its scores and histograms to be visible.
@@ -885,10 +884,11 @@ def _select_rows(
     sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
     sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
     # The chosen: one bit per token where the row's bitmap fits, else a list of indices.
-    context = scores.shape[1]
-    by_bitmap = context <= _BITMAP_TOKENS
+    # The context is a runtime value: the bitmap is sized for the longest row it serves
+    # and only its first `words` are used.
+    words = cute.ceil_div(scores.shape[1], _WARP)
     if cutlass.const_expr(by_bitmap):
-        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout((context + _WARP - 1) // _WARP), 16)
+        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_BITMAP_TOKENS // _WARP), 16)
     else:
         sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
 
@@ -902,7 +902,7 @@ def _select_rows(
     if tidx < 3:
         sCounts[tidx] = 0
     if cutlass.const_expr(by_bitmap):
-        for i in cutlass.range(tidx, cute.size(sChosen), threads, unroll=1):
+        for i in cutlass.range(tidx, words, threads, unroll=1):
             sChosen[i] = cutlass.Uint32(0)
     else:
         # Slots the top-k leaves empty sort last and are never written out.
@@ -917,7 +917,7 @@ def _select_rows(
     if in_bin <= _CANDIDATES:
         # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
         # the row is read once and digits 2 and 3 are counted among the candidates.
-        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads, by_bitmap)
+        _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, threads, by_bitmap, vec)
         for b in cutlass.range(tidx, _BINS, threads, unroll=1):
             sHist[b] = 0
         cute.arch.sync_threads()
@@ -979,7 +979,7 @@ def _select_rows(
         # Atomics marked the chosen in no fixed order: written in token order, the output
         # is the same bit for bit on every call.
         if cutlass.const_expr(by_bitmap):
-            _write_bitmap(sChosen, out, row, sWarp, threads)
+            _write_bitmap(sChosen, words, out, row, sWarp, threads)
         else:
             _bitonic_sort(sChosen, sorted_slots, threads)
             for i in cutlass.range(tidx, topk, threads, unroll=1):
@@ -1083,11 +1083,12 @@ def _select_by_passes(
 @cute.jit
 def _launch_select(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, stream: cuda.CUstream,
-    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr,
+    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr,
+    vec: cutlass.Constexpr,
 ):
     # use_pdl: the select's launch overlaps the scores kernel's tail; it waits for it
     # in griddepcontrol.wait.
-    _select_rows(scores, hist, out, threads, sorted_slots).launch(
+    _select_rows(scores, hist, out, threads, sorted_slots, by_bitmap, vec).launch(
         grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
     )
 
@@ -1104,11 +1105,25 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % _ALIGN == 0 else t.clone()
 
 
-def _fake(dtype, shape: tuple[int, ...]):
-    """A row-major global tensor of this shape, described, not allocated."""
+def _fake(dtype, shape: tuple):
+    """A row-major global tensor of this shape, described, not allocated; a dimension
+    given as a cute.sym_int is a runtime value, bound at each call."""
     return make_fake_compact_tensor(
         dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
     )
+
+
+def _length():
+    """A context length or a split count: a runtime value, so a new one compiles nothing."""
+    return cute.sym_int32()
+
+
+def select_bucket(context: int) -> tuple[int, bool]:
+    """What the select compiles for a context (at most four kernels per shape and
+    parameters, not one per length): its 16-byte loads need rows 16-byte aligned
+    (vec 4) or take one score at a time (vec 1); past _BITMAP_TOKENS the chosen are
+    listed and sorted instead of marked in a bitmap."""
+    return (4 if context % 4 == 0 else 1), context <= _BITMAP_TOKENS
 
 
 @functools.cache
@@ -1128,13 +1143,15 @@ def _mma_splits(rows_m: int, context: int, rows: int, sms: int) -> tuple[int, in
 
 @functools.cache
 def compiled_scores_mma(
-    rows_m: int, heads: int, dim: int, context: int, rows: int, stages: int, sms: int,
+    rows_m: int, heads: int, dim: int, rows: int, stages: int,
     weight_dtype: torch.dtype = torch.float32, schedule: str = "cooperative",
     reduce: str = "shuffle",
 ):
-    """The e4m3 tensor-core scores kernel for one shape and parameters; no GPU needed.
+    """The e4m3 tensor-core scores kernel for one shape and parameters, any context
+    length (the context and the CTAs' spans are runtime values); no GPU needed.
 
-    `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup."""
+    `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup.
+    Called with the tensors, the stream and the key tiles per CTA (`_mma_splits`)."""
     if rows * heads > 256 or heads % 8 or dim % 128:
         raise ValueError(f"the wgmma path needs ROWS*H <= 256, H % 8 == 0, D % 128 == 0; "
                          f"got ROWS={rows}, H={heads}, D={dim}")
@@ -1146,29 +1163,32 @@ def compiled_scores_mma(
                          f"ROWS*H <= 128 accumulator columns; got ROWS={rows}, H={heads}")
     if reduce not in _REDUCTIONS:
         raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
-    splits, per_cta = _mma_splits(rows_m, context, rows, sms)
     halves = 2 if turns > 1 else 1
     fp8 = cutlass.Float8E4M3FN
     return cute.compile(
         _launch_scores_mma,
-        _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (context, dim)),
-        _fake(cutlass.Float32, (context,)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
-        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
-        cuda.CUstream(0), rows, stages * halves, per_cta * halves, turns,
+        _fake(fp8, (rows_m * heads, dim)), _fake(fp8, (_length(), dim)),
+        _fake(cutlass.Float32, (_length(),)), _fake(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
+        _fake(cutlass.Float32, (rows_m, _length())), _fake(cutlass.Int32, (_length(), rows_m, _BINS)),
+        cuda.CUstream(0), 1, rows, stages * halves, turns,
         reduce_as_compiled(reduce, rows),
     )
 
 
 @functools.cache
-def compiled_select(rows_m: int, context: int, splits: int, topk: int, threads: int):
-    """The select kernel for one shape; no GPU needed."""
+def compiled_select(rows_m: int, topk: int, threads: int, vec: int = 4, by_bitmap: bool = True):
+    """The select kernel for one shape and one `select_bucket` of context lengths, any
+    length and split count within it; no GPU needed."""
     if topk > _MAX_TOPK:
         raise ValueError(f"logits_topk_fp8_cute selects at most {_MAX_TOPK} per row; got top-{topk}")
+    # A 16-byte vector of a row starts 16-byte aligned only if the row length is a
+    # multiple of four: promised to the compiler, which then emits the wide loads.
+    context = cute.sym_int32(divisibility=vec)
     return cute.compile(
         _launch_select,
-        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (splits, rows_m, _BINS)),
+        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (_length(), rows_m, _BINS)),
         _fake(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
-        1 << (topk - 1).bit_length(),
+        1 << (topk - 1).bit_length(), by_bitmap, vec,
     )
 
 
@@ -1196,16 +1216,17 @@ def forward(
     q, k, k_scale, weights = _aligned(q), _aligned(k), _aligned(k_scale), _aligned(weights)
     sms = _sms()
     rows = mma_rows(PARAMS["ROWS"], heads, PARAMS["SCHEDULE"])
-    splits, _ = _mma_splits(rows_m, context, rows, sms)
+    splits, per_cta = _mma_splits(rows_m, context, rows, sms)
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     hist = torch.empty(splits, rows_m, _BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
     stream = _stream(q)
-    kernel = compiled_scores_mma(rows_m, heads, dim, context, rows, PARAMS["STAGES"], sms, weights.dtype,
+    kernel = compiled_scores_mma(rows_m, heads, dim, rows, PARAMS["STAGES"], weights.dtype,
                                  PARAMS["SCHEDULE"], PARAMS["REDUCE"])
+    halves = 2 if _SCHEDULES[PARAMS["SCHEDULE"]] > 1 else 1
     kernel(*(from_dlpack(t, assumed_align=_ALIGN)
-             for t in (q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist)), stream)
-    compiled_select(rows_m, context, splits, topk, PARAMS["SELECT_THREADS"])(
+             for t in (q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist)), stream, per_cta * halves)
+    compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(
         *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out)), stream
     )
     return out

@@ -1,0 +1,1142 @@
+"""The paged decode indexer in CuTe DSL for Hopper: the dense kernel's warpgroup-MMA
+scores and radix select (dsa_indexer_topk's logits_topk_cute), reading keys through a
+block table and lengths from device memory, so one compile serves every length and
+batch of a bucket and a CUDA graph replays with new lengths.
+
+1. Scores (`_score_tiles`). A CTA owns one sequence's next_n query rows (ROWS = next_n:
+   only rows of one sequence share its keys) and one span of SPAN tokens of it; the grid
+   is (spans of the widest sequence the block table can hold, sequences), fixed by
+   shapes alone. Each CTA reads its sequence's length from `context_lens` on the device;
+   spans past the end exit at once, so a 256K sequence beside 1K ones is split into
+   many CTAs that keep every SM busy while the short ones take one each. The rows'
+   queries arrive once by TMA; keys stream by TMA one 64-token cache block per tile,
+   block `block_table[b, t]` for the sequence's tile t, so a tile is exactly one
+   warpgroup's M of 64 (the dense kernel's "pingpong" and "roundrobin" schedules; its
+   "cooperative" 128-token tiles would straddle two blocks and are left out). ReLU,
+   weights and the sum over heads as in the dense kernel (REDUCE). Row r = b*next_n + j
+   stores and counts only its causal prefix, tokens < context_lens[b] - next_n + 1 + j:
+   the rest of the last block, and blocks past the end, are never read into a score.
+   Each CTA writes its rows' first-digit histograms to hist[span, row].
+2. Select (`_select_rows`), one CTA per row, the dense select over the row's prefix:
+   the histograms of the spans that prefix covers are summed (span s holds the row's
+   tokens [s*SPAN, (s+1)*SPAN), counted only below its length), then one pass over the
+   prefix in 16-byte loads (elements past it skipped) and digits 2 and 3 in shared
+   memory, ties to the lowest index, the chosen written in token order from a bitmap
+   (past _BITMAP_TOKENS of table width: listed and sorted). A row no longer than top-k
+   takes its whole prefix in order and -1 after it; a padding sequence's rows (length
+   0) are all -1. Deterministic: the same inputs give the same output bit for bit.
+
+No torch op computes anything and nothing is read on the host: forward only allocates,
+from shapes, and launches on torch's current stream, so it can be captured.
+
+Copied from logits_topk_cute (a candidate file cannot import another): `_radix_key`,
+`_record`, `_write_hist`, the MMA issue and reductions, `_threshold_bin`, `_choose`,
+`_write_bitmap`, `_bitonic_sort` are unchanged; `_refill` takes the block table,
+`_candidates` and `_select_by_passes` a row length, and the stores a row's prefix end.
+
+- STAGES: 128-token key tiles in flight, as in the dense kernel (two 64-token blocks each).
+- SCHEDULE, REDUCE: as in the dense kernel, and each under its compile-time limits.
+- SPAN: tokens per scores CTA; smaller spans balance mixed lengths better, larger ones
+  sum fewer histograms in the select and exit fewer empty CTAs. Not yet measured.
+- SELECT_THREADS: threads of each row's select CTA.
+
+Compiled once per (dtype, H, D, next_n, top-k, parameters, bitmap or list) for the GPU
+in hand; on a machine without one, CUTE_DSL_ARCH=sm_90a makes it compile for Hopper,
+and the launch then fails for want of a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import cuda.bindings.driver as cuda
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.tensor_utils import LayoutEnum
+
+# The dense kernel's kept point (logits_topk_cute), with SPAN new and not yet measured.
+PARAMS = {
+    "STAGES": 3,
+    "SCHEDULE": "pingpong",
+    "REDUCE": "scatter",
+    "SPAN": 8192,
+    "SELECT_THREADS": 1024,
+}
+
+SPACE = {
+    "STAGES": [3],
+    "SCHEDULE": ["pingpong", "roundrobin"],
+    "REDUCE": ["shuffle", "scatter", "mma"],
+    "SPAN": [4096, 8192, 16384],
+    "SELECT_THREADS": [1024],
+}
+
+# Context tokens per key tile: one warpgroup's 64-row wgmma, and one cache block.
+_TOKENS = 64
+BLOCK_SIZE = 64
+_MMA_THREADS = 256
+_WARP = 32
+# A score's radix key is split into digits of 11, 11 and 10 bits, most significant
+# first; a histogram of the first is what the scores kernels count.
+_BINS = 2048
+_LOW_BINS = 1024
+# The select keeps the top-k-th score's first-digit bin in shared memory when it holds
+# at most this many scores (a key and an index each: 128 KB); fuller bins, from many
+# equal or nearly equal scores, take passes over the row instead.
+_CANDIDATES = 16384
+# 16-byte loads each select thread has in flight in its pass over the row.
+_LOADS_IN_FLIGHT = 4
+# The chosen indices are listed and sorted in shared memory (past the bitmap's reach), up
+# to this many.
+_MAX_TOPK = 8192
+# Up to this many context tokens (64 KB of bits) the chosen are marked in a bitmap in
+# shared memory and written out in token order by a prefix sum: no bitonic sort, whose
+# 66 steps for 2048 indices each ended in a sync (on the H200 the kept bf16 kernel went
+# from 0.075 to 0.067 ms at 32K).
+_BITMAP_TOKENS = 1 << 19
+
+# How many MMA warpgroups take turns on the tensor cores. (The dense kernel's
+# "cooperative", two warpgroups on one 128-token tile, would need two cache blocks per
+# tile: left out.)
+_SCHEDULES = {"pingpong": 2, "roundrobin": 3}
+_REDUCTIONS = ("shuffle", "scatter", "mma")
+# REDUCE="mma": the head-weighted sum is a second wgmma, m64n8k16 with the ReLU'd scores
+# as its A (bfloat16, in registers) and the weights as its B; column n of B holds query
+# row n % ROWS's weights, so every lane of a quad ends with whole sums.
+_HEAD_SUM_N = 8
+# Registers per thread once the loading warpgroup gives its own up: 40 for it, and for
+# each MMA warpgroup as many as fill the SM's 64K (multiples of 8): 232 when two take
+# turns, 152 when three do (their accumulators then hold at most 128 columns).
+_LOADER_REGISTERS = 40
+_MMA_REGISTERS = {2: 232, 3: 152}
+
+_MMA_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+
+
+# --- shared device helpers ------------------------------------------------------------
+
+
+@cute.jit
+def _radix_key(score: cutlass.Float32) -> cutlass.Uint32:
+    """An unsigned key that orders like the float: negatives have all bits flipped,
+    non-negatives only the sign bit."""
+    bits = score.bitcast(cutlass.Uint32)
+    flip = (cutlass.Uint32(0) - (bits >> cutlass.Uint32(31))) | cutlass.Uint32(0x80000000)
+    return bits ^ flip
+
+
+@cute.jit
+def _record(
+    scores: cute.Tensor, hist: cute.Tensor, row: cutlass.Int32, token: cutlass.Int32,
+    hist_row: cutlass.Int32, score: cutlass.Float32,
+):
+    """Store one score and count its first digit in the CTA's shared histogram."""
+    scores[row, token] = score
+    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
+    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
+
+
+@cute.jit
+def _write_hist(
+    hist_smem: cute.Tensor, hist: cute.Tensor, split: cutlass.Int32, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, threads: cutlass.Constexpr,
+):
+    """The CTA's histograms, one per query row it owns, to hist[split, row, :]."""
+    tidx, _, _ = cute.arch.thread_idx()
+    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        row = row0 + i // _BINS
+        if row < hist.shape[1]:
+            hist[split, row, i % _BINS] = hist_smem[i]
+
+
+# --- scores: 16-bit on the tensor cores ----------------------------------------------
+
+
+@cute.jit
+def _issue_mma(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrK: cute.Tensor, tCrQ: cute.Tensor,
+    stage: cutlass.Int32, dim: cutlass.Constexpr,
+):
+    """Start one key tile's wgmma into acc, asynchronously. Returns the tiled MMA, whose
+    accumulate flag changed, for the caller to rebind (so a branch carries it out)."""
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(dim // 16):
+        # The tile's first k-block overwrites the accumulator: no zero-fill needed.
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(tiled_mma, acc, tCrK[(None, None, kb, stage)], tCrQ[(None, None, kb, 0)], acc)
+    warpgroup.commit_group()
+    return tiled_mma
+
+
+@cute.jit
+def _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count):
+    """Load the next key tile into the stage freed next. A tile is one cache block: tile
+    t of the sequence is block blocks[t] of the cache."""
+    if producer.count < tile_count:
+        keys.producer_acquire(producer)
+        cute.copy(
+            tma_k, tKgK[(None, blocks[first_tile + producer.count])], tKsK[(None, producer.index)],
+            tma_bar_ptr=keys.producer_get_barrier(producer),
+        )
+        keys.producer_commit(producer)
+        producer.advance()
+    return producer
+
+
+@dsl_user_op
+def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
+    """relu(low) and relu(high) rounded to bfloat16, packed low first: one cvt."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(),
+        [cutlass.Float32(low).ir_value(loc=loc, ip=ip), cutlass.Float32(high).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.relu.bf16x2.f32 $0, $2, $1;",
+        "=r,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def _as_operand_a(cols: int) -> cute.Layout:
+    """An accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
+    A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
+    16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
+    FlashAttention-3 makes of P)."""
+    return cute.make_layout(((2, 2, 2), 1, cols // 16), stride=((1, 2, 4), 0, 8))
+
+
+@cute.jit
+def _head_sums(
+    head_mma: cute.TiledMma, head_acc: cute.Tensor, acc: cute.Tensor, relu: cute.Tensor,
+    tCrW: cute.Tensor, cols: cutlass.Constexpr,
+):
+    """head_acc = relu(acc) @ W on the tensor cores: one cvt per two scores, then
+    cols/16 wgmma of m64n8k16. The caller waits for them."""
+    packed = cute.recast_tensor(relu, cutlass.Int32)
+    for i in cutlass.range_constexpr(cute.size(packed)):
+        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
+    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(cols // 16):
+        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
+    warpgroup.commit_group()
+    return head_mma
+
+
+@cute.jit
+def _lane_token(tCcC: cute.Tensor, tile_start: cutlass.Int32, quad: cutlass.Int32) -> cutlass.Int32:
+    """The token of lane q's row half q // 2 (the accumulator's halves are tokens 8
+    apart): whose sums it stores under REDUCE="mma", and under "scatter" at ROWS=2."""
+    first, second = tCcC[(0, 0, 0), 0, 0][0], tCcC[(0, 1, 0), 0, 0][0]
+    return tile_start + cutlass.Int32(cutlass.select_((quad & 2) == 2, second, first))
+
+
+@cute.jit
+def _store_head_sums(
+    head_acc: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, row0: cutlass.Int32,
+    rows: cutlass.Constexpr, quad: cutlass.Int32, token: cutlass.Int32, seq_end: cutlass.Int32,
+):
+    """Store the head-sum MMA's results, the sums of this lane's `token` (one past the
+    context stores nothing). Lane q holds columns 2q and 2q+1 (query rows
+    (2q) % ROWS and (2q+1) % ROWS) of tokens t and t+8; it stores row half q // 2, and
+    of it: both columns when ROWS=4, column q % 2 when ROWS=2, column 0 on even lanes
+    when ROWS=1. Each sum is stored once."""
+    bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
+    values = []
+    for i in cutlass.range_constexpr(2):
+        # Value (i, half) of the compact accumulator, flat index i + 2 * half.
+        values.append(cutlass.Float32(cutlass.select_(bit1, head_acc[i + 2], head_acc[i])))
+    # Row r of the sequence (query token r of ROWS = next_n) sees tokens < seq_end + r.
+    in_context = token < seq_end
+    if cutlass.const_expr(rows == 4):
+        for i in cutlass.range_constexpr(2):
+            r = 2 * (quad & 1) + i
+            if token < seq_end + r:
+                _record(scores, hist, row0 + r, token, r, values[i])
+    elif cutlass.const_expr(rows == 2):
+        r = quad & 1
+        if token < seq_end + r:
+            _record(scores, hist, row0 + r, token, r, cutlass.Float32(cutlass.select_(bit0, values[1], values[0])))
+    else:
+        if in_context and (quad & 1) == 0:
+            _record(scores, hist, row0, token, 0, values[0])
+
+
+@cute.jit
+def _reduce_tile(
+    acc: cute.Tensor, tCcC: cute.Tensor, weight: cute.Tensor, scores: cute.Tensor,
+    hist: cute.Tensor, tile_start: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Constexpr,
+    heads: cutlass.Constexpr, quad: cutlass.Int32, reduce: cutlass.Constexpr, seq_end: cutlass.Int32,
+):
+    """sum_h w[m, h] * relu(logit) for the tile's tokens: this thread's heads of each (row
+    half, query row), then across the quad's four lanes; each sum is stored and counted
+    in the histogram. REDUCE="shuffle": two butterfly shuffles per sum, every lane ends
+    with all of them and stores one under a divergent branch. REDUCE="scatter": two
+    accumulators per sum (half the dependent latency), then a reduce-scatter that leaves
+    lane q with the sums numbered q and q+4, three shuffles for every four sums, and
+    each lane stores its own with no divergence."""
+    scatter = reduce == "scatter"
+    partials = []
+    for half in cutlass.range_constexpr(2):
+        for r in cutlass.range_constexpr(rows):
+            if cutlass.const_expr(scatter):
+                even, odd = cutlass.Float32(0.0), cutlass.Float32(0.0)
+                for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                    even += weight[0, b] * cute.arch.fmax(acc[(0, half, b), 0, 0], cutlass.Float32(0.0))
+                    odd += weight[1, b] * cute.arch.fmax(acc[(1, half, b), 0, 0], cutlass.Float32(0.0))
+                partials.append(even + odd)
+            else:
+                part = cutlass.Float32(0.0)
+                for b in cutlass.range_constexpr(r * heads // 8, (r + 1) * heads // 8):
+                    for i in cutlass.range_constexpr(2):
+                        part += weight[i, b] * cute.arch.fmax(acc[(i, half, b), 0, 0], cutlass.Float32(0.0))
+                part += cute.arch.shuffle_sync_bfly(part, 1)
+                part += cute.arch.shuffle_sync_bfly(part, 2)
+                partials.append(part)
+    if cutlass.const_expr(scatter):
+        # Sum e = half * ROWS + r. Lanes swap the half of their sums whose bit 1 of e is
+        # not their own (xor 2), then of the rest the half whose bit 0 is not (xor 1):
+        # lane q ends with the sum of e = 4j + q for each j.
+        bit0, bit1 = (quad & 1) == 1, (quad & 2) == 2
+        for j in cutlass.range_constexpr(2 * rows // 4):
+            kept = []
+            for b0 in cutlass.range_constexpr(2):
+                low, high = partials[4 * j + b0], partials[4 * j + 2 + b0]
+                send = cutlass.Float32(cutlass.select_(bit1, low, high))
+                keep = cutlass.Float32(cutlass.select_(bit1, high, low))
+                kept.append(keep + cute.arch.shuffle_sync_bfly(send, 2))
+            send = cutlass.Float32(cutlass.select_(bit0, kept[0], kept[1]))
+            keep = cutlass.Float32(cutlass.select_(bit0, kept[1], kept[0]))
+            total = keep + cute.arch.shuffle_sync_bfly(send, 1)
+            e = 4 * j + quad
+            r = e % rows
+            # The sum's row half of the accumulator: bit 1 of e when ROWS=2, j when 4.
+            if cutlass.const_expr(rows == 2):
+                token = _lane_token(tCcC, tile_start, quad)
+            else:
+                token = tile_start + tCcC[(0, j, 0), 0, 0][0]
+            if token < seq_end + r:
+                _record(scores, hist, row0 + r, token, r, total)
+    else:
+        # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
+        for e in cutlass.range_constexpr(2 * rows):
+            half, r = divmod(e, rows)
+            token = tile_start + tCcC[(0, half, 0), 0, 0][0]
+            if quad == e % 4 and token < seq_end + r:
+                _record(scores, hist, row0 + r, token, r, partials[e])
+
+
+def reduce_as_compiled(reduce: str, rows: int) -> str:
+    """REDUCE as compiled: the reduce-scatter hands each lane of a quad whole sums, so it
+    needs an even ROWS (ROWS=1, for heads over 128, keeps the shuffles)."""
+    return "shuffle" if reduce == "scatter" and rows % 2 else reduce
+
+
+def _score_threads(turns: int) -> int:
+    """The MMA warpgroups taking turns and one more that loads (a whole warpgroup, so
+    registers can move from it to them)."""
+    return (turns + 1) * _MMA_THREADS // 2
+
+
+@cute.jit
+def _consume(
+    tiled_mma: cute.TiledMma, head_mma: cute.TiledMma, sK: cute.Tensor, sQ: cute.Tensor,
+    sW: cute.Tensor, sHeadW: cute.Tensor, q_barrier, keys, scores: cute.Tensor, sHist: cute.Tensor,
+    first_tile: cutlass.Int32, tile_count: cutlass.Int32, row0: cutlass.Int32, seq_end: cutlass.Int32,
+    rows: cutlass.Constexpr, heads: cutlass.Constexpr, dim: cutlass.Constexpr, stages: cutlass.Constexpr,
+    turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
+):
+    """An MMA warpgroup's work: wgmma on its key tiles (every `turns`-th, from its own
+    turn), each reduced to scores. The loading warpgroup fills the stages; this one only
+    waits on and releases them."""
+    tidx, _, _ = cute.arch.thread_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    lane = cute.arch.lane_idx()
+    cols = rows * heads
+    # Taking turns, each warpgroup is an MMA of its own.
+    thr_mma = tiled_mma.get_slice(tidx % 128)
+    tCrK = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
+    tCrQ = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
+    # (token, query head) of every accumulator element this thread holds.
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((_TOKENS, cols)))
+    # The wgmma accumulator: value (i, half, b) of a thread is token lane/4 + 8*half
+    # (+16 per warp) and column 8b + 2*(lane%4) + i, so a query row's heads are the
+    # blocks b of its 64 columns, shared out over the lanes of one quad.
+    acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+    assert cute.size(acc) == 4 * (cols // 8)
+    quad = lane % 4
+    weight, tCrW, head_acc, relu = None, None, None, None
+    if cutlass.const_expr(reduce == "mma"):
+        thr_head = head_mma.get_slice(tidx % 128)
+        tCrW = head_mma.make_fragment_B(thr_head.partition_B(sHeadW))
+        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((_TOKENS, _HEAD_SUM_N)), cutlass.Float32)
+        assert cute.size(head_acc) == 4
+        # The ReLU'd scores in bfloat16, the head-sum MMA's A.
+        relu = cute.make_rmem_tensor(acc.layout, cutlass.BFloat16)
+    else:
+        # The weights of this thread's columns, read from shared memory once.
+        weight = cute.make_rmem_tensor((2, cols // 8), cutlass.Float32)
+        for b in cutlass.range_constexpr(cols // 8):
+            for i in cutlass.range_constexpr(2):
+                weight[i, b] = sW[tCcC[(i, 0, b), 0, 0][1]]
+
+    read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+    cute.arch.mbarrier_wait(q_barrier, 0)
+    # Warpgroup `turn` takes tiles turn, turn+turns, ...: while one reduces its tile,
+    # the tensor cores run the others' MMAs. Named barrier 1+w is warpgroup w's turn to
+    # issue, given by the warpgroup that issued the tile before, so they never start in
+    # step; each arrive is matched by one wait.
+    turn = warp // 4
+    for _ in cutlass.range(turn, unroll=1):
+        read.advance()
+    if cutlass.const_expr(reduce == "mma"):
+        # Tile t's head sums go to the tensor cores, then at once this warpgroup's
+        # next MMA: both are queued while the sums of t are waited for and stored.
+        if turn < tile_count:
+            tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, turn, tile_count, turn, turns, dim)
+            warpgroup.wait_group(0)
+            keys.consumer_release(read)
+        for _ in cutlass.range_constexpr(turns):
+            read.advance()
+        for t in cutlass.range(turn, tile_count, turns, unroll=1):
+            token = _lane_token(tCcC, (first_tile + t) * _TOKENS, quad)
+            head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+            following = t + turns
+            if following < tile_count:
+                tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
+                                        turn, turns, dim)
+                warpgroup.wait_group(1)
+            else:
+                warpgroup.wait_group(0)
+            _store_head_sums(head_acc, scores, sHist, row0, rows, quad, token, seq_end)
+            # Every iteration ends with no MMA in flight, whichever way it went.
+            warpgroup.wait_group(0)
+            if following < tile_count:
+                keys.consumer_release(read)
+            for _ in cutlass.range_constexpr(turns):
+                read.advance()
+    else:
+        for t in cutlass.range(turn, tile_count, turns, unroll=1):
+            tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, t, tile_count, turn, turns, dim)
+            warpgroup.wait_group(0)
+            keys.consumer_release(read)
+            for _ in cutlass.range_constexpr(turns):
+                read.advance()
+            _reduce_tile(acc, tCcC, weight, scores, sHist, (first_tile + t) * _TOKENS, row0, rows, heads,
+                         quad, reduce, seq_end)
+
+
+@cute.jit
+def _issue_turn(
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrK: cute.Tensor, tCrQ: cute.Tensor, keys, read,
+    t: cutlass.Int32, tile_count: cutlass.Int32, turn: cutlass.Int32, turns: cutlass.Constexpr,
+    dim: cutlass.Constexpr,
+):
+    """Taking turns: wait for this warpgroup's turn (past the first tile) and tile t's keys,
+    start its MMA, then hand the turn on if a tile follows. Returns the tiled MMA."""
+    if t > 0:
+        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+    keys.consumer_wait(read)
+    tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
+    if t + 1 < tile_count:
+        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+    return tiled_mma
+
+
+@cute.kernel
+def _score_tiles(
+    tma_k: cute.CopyAtom, k_tiles: cute.Tensor, tma_q: cute.CopyAtom, q_tiles: cute.Tensor,
+    weights: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, tiled_mma: cute.TiledMma,
+    head_mma: cute.TiledMma, k_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout,
+    w_layout: cute.ComposedLayout, block_table: cute.Tensor, context_lens: cute.Tensor,
+    dtype: cutlass.Constexpr, tiles_per_cta: cutlass.Constexpr, rows: cutlass.Constexpr,
+    stages: cutlass.Constexpr, turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
+):
+    # The select may launch once every CTA has passed here: its CTAs wait on the SMs
+    # this grid leaves free and take the others as they empty, no launch gap between.
+    cute.arch.griddepcontrol_launch_dependents()
+    tidx, _, _ = cute.arch.thread_idx()
+    # CTA (split, seq): span `split` of sequence `seq`, tiles_per_cta blocks from
+    # split * tiles_per_cta; its ROWS = next_n query rows share the keys.
+    split, seq, _ = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    heads = weights.shape[1]
+    dim = k_tiles.shape[1]
+    cols = rows * heads
+    row0 = seq * rows
+    threads = _score_threads(turns)
+    # The first warp of the last warpgroup loads, and gives its registers to the others.
+    loader = turns * 4
+    # Read on the device at run time: nothing here depends on a length at compile time,
+    # and a CUDA graph replays with whatever lengths the buffer holds then.
+    seq_len = context_lens[seq]
+    # Row r of the sequence sees its first seq_end + r tokens.
+    seq_end = seq_len - rows + 1
+    first_tile = split * tiles_per_cta
+    tile_count = cutlass.min(tiles_per_cta, cute.ceil_div(seq_len, _TOKENS) - first_tile)
+    blocks = block_table[seq, None]
+    # A span past the sequence's end (or an empty, padding sequence) has nothing to do
+    # and writes nothing: the select sums only the spans of each row's own prefix.
+    if tile_count > 0:
+        if warp == loader:
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_q)
+
+        smem = cutlass.memory.SmemAllocator()
+        k_barriers = smem.allocate_array(cutlass.Int64, stages * 2)
+        q_barrier = smem.allocate_array(cutlass.Int64, 1)
+        sK = smem.allocate_tensor(dtype, k_layout.outer, 1024, k_layout.inner)
+        sQ = smem.allocate_tensor(dtype, q_layout.outer, 1024, q_layout.inner)
+        # The weights the CUDA-core reductions read; the head-sum MMA reads its own B.
+        sW = None
+        if cutlass.const_expr(reduce != "mma"):
+            sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
+        sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+        sHeadW = None
+        if cutlass.const_expr(reduce == "mma"):
+            sHeadW = smem.allocate_tensor(cutlass.BFloat16, w_layout.outer, 1024, w_layout.inner)
+
+        # Key tiles: one TMA producer thread; every warp of the warpgroup that reads a
+        # stage releases it.
+        k_bytes = cute.size_in_bytes(dtype, cute.slice_(k_layout, (None, None, 0)))
+        keys = pipeline.PipelineTmaAsync.create(
+            barrier_storage=k_barriers,
+            num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=k_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        if warp == loader:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(q_barrier, 1)
+        cute.arch.mbarrier_init_fence()
+        # Weights of rows past M are zero, so those rows score 0 and are never stored.
+        if cutlass.const_expr(reduce != "mma"):
+            for i in cutlass.range(tidx, cols, threads, unroll=1):
+                weight = cutlass.Float32(0.0)
+                if row0 + i // heads < weights.shape[0]:
+                    weight = weights[row0 + i // heads, i % heads].to(cutlass.Float32)
+                sW[i] = weight
+        else:
+            # The head-sum MMA's B, [8, ROWS*H]: column n holds row n % ROWS's weights
+            # under that row's heads and zeros elsewhere.
+            for i in cutlass.range(tidx, _HEAD_SUM_N * cols, threads, unroll=1):
+                n, c = i // cols, i % cols
+                weight = cutlass.Float32(0.0)
+                if c // heads == n % rows and row0 + c // heads < weights.shape[0]:
+                    weight = weights[row0 + c // heads, c % heads].to(cutlass.Float32)
+                sHeadW[n, c, 0] = weight.to(cutlass.BFloat16)
+            # Written by threads, read by wgmma: the async proxy must see the stores.
+            cute.arch.fence_proxy("async.shared", space="cta")
+        for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+            sHist[i] = 0
+        cute.arch.sync_threads()
+
+        # (tile, D, tile index) views of the TMA tensors; rows and tokens past the end
+        # are filled with zeros by the TMA unit.
+        gQ = cute.local_tile(q_tiles, (cols, dim), (None, 0))
+        gK = cute.local_tile(k_tiles, (_TOKENS, dim), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+
+        if warp == loader:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(
+                    q_barrier, cute.size_in_bytes(dtype, cute.slice_(q_layout, (None, None, 0)))
+                )
+            cute.copy(tma_q, tQgQ[(None, seq)], tQsQ[(None, 0)], tma_bar_ptr=q_barrier)
+        # Registers move to the MMA warpgroups inside the branches that use them, so the
+        # compiler gives each side its own budget.
+        if warp >= loader:
+            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            if warp == loader:
+                producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                for _ in cutlass.range(tile_count, unroll=1):
+                    producer = _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count)
+        else:
+            cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
+            _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, scores, sHist, first_tile,
+                     tile_count, row0, seq_end, rows, heads, dim, stages, turns, reduce)
+
+        cute.arch.sync_threads()
+        _write_hist(sHist, hist, split, row0, rows, threads)
+
+
+@cute.jit
+def _launch_scores_mma(
+    q_rows: cute.Tensor, k: cute.Tensor, weights: cute.Tensor, scores: cute.Tensor,
+    hist: cute.Tensor, block_table: cute.Tensor, context_lens: cute.Tensor, stream: cuda.CUstream,
+    tiles_per_cta: cutlass.Constexpr, rows: cutlass.Constexpr, stages: cutlass.Constexpr,
+    turns: cutlass.Constexpr, reduce: cutlass.Constexpr,
+):
+    cols = rows * weights.shape[1]
+    dim = k.shape[1]
+    # Both operands are K-major: keys [blocks*64, D] are the A (M = tokens), queries
+    # [B*next_n*H, D] the B (N = one sequence's query heads).
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
+        k.element_type, q_rows.element_type, OperandMajorMode.K, OperandMajorMode.K,
+        cutlass.Float32, (1, 1, 1), tiler_mn=(64, cols),
+    )
+    tile = (_TOKENS, cols, dim)
+    k_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, k.element_type, stages)
+    q_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, q_rows.element_type, 1)
+    load = cpasync.CopyBulkTensorTileG2SOp()
+    tma_k, k_tiles = cpasync.make_tiled_tma_atom(
+        load, k, cute.slice_(k_layout, (None, None, 0)), (_TOKENS, dim)
+    )
+    tma_q, q_tiles = cpasync.make_tiled_tma_atom(
+        load, q_rows, cute.slice_(q_layout, (None, None, 0)), (cols, dim)
+    )
+    # REDUCE="mma": the ReLU'd scores, bfloat16 in registers, are the A of an N=8 wgmma
+    # whose K is the accumulator's columns; its B, the weights, K-major in shared memory.
+    head_mma = sm90_utils.make_trivial_tiled_mma(
+        cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, OperandMajorMode.K,
+        cutlass.Float32, (1, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
+        a_source=warpgroup.OperandSource.RMEM,
+    )
+    w_layout = sm90_utils.make_smem_layout_b(
+        LayoutEnum.ROW_MAJOR, (_TOKENS, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
+    )
+    # (spans of the widest sequence the block table holds, sequences): from shapes only.
+    _score_tiles(
+        tma_k, k_tiles, tma_q, q_tiles, weights, scores, hist, tiled_mma, head_mma, k_layout,
+        q_layout, w_layout, block_table, context_lens, k.element_type, tiles_per_cta, rows, stages,
+        turns, reduce,
+    ).launch(grid=(hist.shape[0], context_lens.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
+
+
+# --- select ---------------------------------------------------------------------------
+
+
+@cute.jit
+def _exclusive_prefix(owned: cutlass.Int32, warp_totals: cute.Tensor) -> cutlass.Int32:
+    """The sum of `owned` over the block's threads before this one: a scan within the
+    warp, then the totals of the warps before, summed across the lanes (a warp at most
+    per lane: five shuffles, not a load per earlier warp in turn). warp_totals must not
+    be read by anyone else until the next block sync."""
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    running = owned
+    for offset in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(running, 1 << offset)
+        if lane >= (1 << offset):
+            running += other
+    if lane == _WARP - 1:
+        warp_totals[warp] = running
+    cute.arch.sync_threads()
+    earlier = cutlass.Int32(0)
+    if lane < warp:
+        earlier = warp_totals[lane]
+    for offset in cutlass.range_constexpr(5):
+        earlier += cute.arch.shuffle_sync_bfly(earlier, 1 << offset)
+    return running - owned + earlier
+
+
+@cute.jit
+def _threshold_bin(
+    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
+    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """found = (bin, count above it, count in it): the bin, from the top, where the
+    running count first reaches `need`. Thread t owns bins/threads bins counted down from
+    the top; a block-wide prefix sum over threads finds the one thread whose bins cross
+    `need`."""
+    tidx, _, _ = cute.arch.thread_idx()
+    per_thread = bins // threads
+    first = bins - 1 - tidx * per_thread
+
+    owned = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(per_thread):
+        owned += hist[first - i]
+    above = _exclusive_prefix(owned, warp_totals)
+
+    if above < need and need <= above + owned:
+        for i in cutlass.range_constexpr(per_thread):
+            count = hist[first - i]
+            if above < need and need <= above + count:
+                found[0] = first - i
+                found[1] = above
+                found[2] = count
+            above += count
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def _choose(chosen: cute.Tensor, counts: cute.Tensor, index: cutlass.Int32, by_bitmap: cutlass.Constexpr):
+    """Mark token `index` chosen: its bit in the row's bitmap, or the next free slot of
+    the list the sort then orders."""
+    if cutlass.const_expr(by_bitmap):
+        bit = cutlass.Uint32(1) << cutlass.Uint32(index & (_WARP - 1))
+        cute.arch.atomic_or(chosen.iterator + (index >> 5), bit)
+    else:
+        chosen[cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))] = index
+
+
+@cute.jit
+def _write_bitmap(
+    bitmap: cute.Tensor, words: cutlass.Int32, out: cute.Tensor, row: cutlass.Int32,
+    warp_totals: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """Write the tokens whose bits are set among the bitmap's first `words`, in token
+    order: thread t owns a run of words, a block prefix sum of their bit counts gives it
+    its first slot."""
+    tidx, _, _ = cute.arch.thread_idx()
+    per_thread = (words + threads - 1) // threads
+    first = tidx * per_thread
+    owned = cutlass.Int32(0)
+    for i in cutlass.range(per_thread, unroll=1):
+        if first + i < words:
+            owned += cutlass.Int32(cute.arch.popc(bitmap[first + i]))
+    slot = _exclusive_prefix(owned, warp_totals)
+    for i in cutlass.range(per_thread, unroll=1):
+        word = first + i
+        if word < words:
+            bits = bitmap[word]
+            while bits != cutlass.Uint32(0):
+                lowest = bits & (~bits + cutlass.Uint32(1))
+                out[row, slot] = cutlass.Int64(word * _WARP + cutlass.Int32(cute.arch.popc(lowest - cutlass.Uint32(1))))
+                slot += 1
+                bits ^= lowest
+
+
+@cute.jit
+def _candidates(
+    scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
+    indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, context: cutlass.Int32,
+    threads: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
+):
+    """One pass over the row in 16-byte loads, several in flight per thread: every score
+    whose first digit is above `top` is chosen outright; those whose first digit is
+    `top` go to (keys, indices), the candidates for the remaining places. Only the row's
+    first `context` scores count: the rest of its last vector is never written by the
+    scores kernel (rows are W wide, a multiple of 64, so the load stays in the row)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    # (vec, W // vec): column j is the row's j-th vector.
+    row_vectors = cute.zipped_divide(scores[row, None], (vec,))
+    vectors = cute.ceil_div(context, vec)
+    step = threads * _LOADS_IN_FLIGHT
+    for base in cutlass.range(tidx, vectors, step, unroll=1):
+        chunks = [cute.make_rmem_tensor((vec,), cutlass.Float32) for _ in range(_LOADS_IN_FLIGHT)]
+        # Issue every load before the first use, so they travel together.
+        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
+            j = base + u * threads
+            if j < vectors:
+                cute.autovec_copy(row_vectors[None, j], chunks[u])
+        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
+            j = base + u * threads
+            if j < vectors:
+                for e in cutlass.range_constexpr(vec):
+                    if j * vec + e < context:
+                        key = _radix_key(chunks[u][e])
+                        digit = key >> cutlass.Uint32(21)
+                        if digit > top:
+                            _choose(chosen, counts, j * vec + e, by_bitmap)
+                        elif digit == top:
+                            slot = cute.arch.atomic_add(counts.iterator + 1, cutlass.Int32(1))
+                            # The histogram said the bin fits; never write past it regardless.
+                            if slot < _CANDIDATES:
+                                keys[slot] = key
+                                indices[slot] = j * vec + e
+
+
+@cute.jit
+def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass.Constexpr):
+    """Sort values[:size] ascending in shared memory; size is a power of two.
+
+    Thread t compares pairs p = t, t + threads, ...; while the stride is at most a warp,
+    pair p's two elements lie in the 64 that pairs 32*(p//32) .. +31 cover, one warp's
+    own in every such step: between two of those steps the warp syncs alone (two thirds
+    of the 66 steps of a 2048-element sort), between any others the whole block."""
+    tidx, _, _ = cute.arch.thread_idx()
+    steps = [(2 << level, (2 << level) >> (step + 1))
+             for level in range(size.bit_length() - 1) for step in range(level + 1)]
+    for n in cutlass.range_constexpr(len(steps)):
+        span, stride = steps[n]
+        for p in cutlass.range(tidx, size // 2, threads, unroll=1):
+            i = 2 * stride * (p // stride) + p % stride
+            j = i + stride
+            low, high = values[i], values[j]
+            ascending = (i & span) == 0
+            if (low > high) == ascending:
+                values[i] = high
+                values[j] = low
+        if cutlass.const_expr(n + 1 < len(steps) and stride <= _WARP and steps[n + 1][1] <= _WARP):
+            cute.arch.sync_warp()
+        else:
+            cute.arch.sync_threads()
+
+
+@cute.kernel
+def _select_rows(
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, context_lens: cute.Tensor,
+    next_n: cutlass.Constexpr, span: cutlass.Constexpr, threads: cutlass.Constexpr,
+    sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
+):
+    # Launched while the scores kernel still runs (programmatic dependent launch): wait
+    # for it to finish and its scores and histograms to be visible.
+    cute.arch.griddepcontrol_wait()
+    tidx, _, _ = cute.arch.thread_idx()
+    row, _, _ = cute.arch.block_idx()
+    topk = out.shape[1]
+    # Row r = b * next_n + j sees the first context_lens[b] - next_n + 1 + j tokens of
+    # sequence b (none for a padding sequence), read here on the device.
+    context = cutlass.max(context_lens[row // next_n] - next_n + 1 + row % next_n, cutlass.Int32(0))
+
+    smem = cutlass.memory.SmemAllocator()
+    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
+    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * (threads // _WARP)), 16)
+    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
+    # Slots handed out: chosen indices, candidates, gathered ties.
+    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
+    sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
+    sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
+    # The chosen: one bit per token where the row's bitmap fits, else a list of indices.
+    # The context is a runtime value: the bitmap is sized for the longest row it serves
+    # and only its first `words` are used.
+    words = cute.ceil_div(context, _WARP)
+    if cutlass.const_expr(by_bitmap):
+        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_BITMAP_TOKENS // _WARP), 16)
+    else:
+        sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
+
+    if context <= topk:
+        # The whole prefix is the top-k, in token order; -1 pads the rest (every slot of
+        # an empty sequence's rows).
+        for i in cutlass.range(tidx, topk, threads, unroll=1):
+            out[row, i] = cutlass.Int64(cutlass.select_(i < context, i, cutlass.Int32(-1)))
+    else:
+        # Digit 1 (key bits 31..21): the scores kernel's histograms, summed over the spans
+        # of this row's prefix (the spans past it were not run or count other rows' tokens).
+        spans = cute.ceil_div(context, span)
+        for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+            total = cutlass.Int32(0)
+            # Unrolled, the spans' loads are in flight together, not one L2 trip each.
+            for s in cutlass.range(spans, unroll=8):
+                total += hist[s, row, b]
+            sHist[b] = total
+        if tidx < 3:
+            sCounts[tidx] = 0
+        if cutlass.const_expr(by_bitmap):
+            for i in cutlass.range(tidx, words, threads, unroll=1):
+                sChosen[i] = cutlass.Uint32(0)
+        else:
+            # Slots the top-k leaves empty sort last and are never written out.
+            for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
+                sChosen[i] = cutlass.Int32(0x7FFFFFFF)
+        cute.arch.sync_threads()
+        _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
+        top = cutlass.Uint32(sFound[0])
+        need = topk - sFound[1]
+        in_bin = sFound[2]
+
+        if in_bin <= _CANDIDATES:
+            # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
+            # the row is read once and digits 2 and 3 are counted among the candidates.
+            _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, context, threads, by_bitmap, vec)
+            for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+                sHist[b] = 0
+            cute.arch.sync_threads()
+            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+                digit = cutlass.Int32((sKeys[c] >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
+                cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+            cute.arch.sync_threads()
+            _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
+            top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+            need -= sFound[1]
+
+            for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
+                sHist[b] = 0
+            cute.arch.sync_threads()
+            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+                key = sKeys[c]
+                if key >> cutlass.Uint32(10) == top:
+                    digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
+                    cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+            cute.arch.sync_threads()
+            _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
+            kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+            ties = need - sFound[1]
+            tied = sFound[2]
+
+            # Candidates above the top-k-th key join the chosen, and so do those equal to it
+            # if all fit. If not, the `ties` lowest-indexed of them: gathered in the
+            # histogram's place (free now) and ranked among themselves alone, or where more
+            # are tied than it holds, each ranked against every candidate.
+            gather = tied <= _BINS
+            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
+                key = sKeys[c]
+                index = sIndices[c]
+                take = key > kth
+                if key == kth:
+                    if tied <= ties:
+                        take = True
+                    elif gather:
+                        sHist[cute.arch.atomic_add(sCounts.iterator + 2, cutlass.Int32(1))] = index
+                    else:
+                        rank = cutlass.Int32(0)
+                        for other in cutlass.range(in_bin, unroll=1):
+                            if sKeys[other] == kth and sIndices[other] < index:
+                                rank += 1
+                        take = rank < ties
+                if take:
+                    _choose(sChosen, sCounts, index, by_bitmap)
+            if tied > ties and gather:
+                cute.arch.sync_threads()
+                for j in cutlass.range(tidx, tied, threads, unroll=1):
+                    index = sHist[j]
+                    rank = cutlass.Int32(0)
+                    for other in cutlass.range(tied, unroll=1):
+                        if sHist[other] < index:
+                            rank += 1
+                    if rank < ties:
+                        _choose(sChosen, sCounts, index, by_bitmap)
+            cute.arch.sync_threads()
+            # Atomics marked the chosen in no fixed order: written in token order, the output
+            # is the same bit for bit on every call.
+            if cutlass.const_expr(by_bitmap):
+                _write_bitmap(sChosen, words, out, row, sWarp, threads)
+            else:
+                _bitonic_sort(sChosen, sorted_slots, threads)
+                for i in cutlass.range(tidx, topk, threads, unroll=1):
+                    out[row, i] = cutlass.Int64(sChosen[i])
+        else:
+            _select_by_passes(scores, out, row, top, need, context, sHist, sWarp, sFound, threads)
+
+
+@cute.jit
+def _select_by_passes(
+    scores: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32,
+    need: cutlass.Int32, context: cutlass.Int32, sHist: cute.Tensor, sWarp: cute.Tensor,
+    sFound: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """The bin is too full for shared memory (many equal or nearly equal scores): two
+    passes over the row refine digits 2 and 3, then a count pass and a write pass emit
+    the chosen indices in token order, slots handed out by ballots."""
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    topk = out.shape[1]
+    warps = threads // _WARP
+
+    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
+    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, context, threads, unroll=1):
+        key = _radix_key(scores[row, n])
+        if key >> cutlass.Uint32(21) == top:
+            digit = cutlass.Int32((key >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
+    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+    need -= sFound[1]
+
+    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
+    for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, context, threads, unroll=1):
+        key = _radix_key(scores[row, n])
+        if key >> cutlass.Uint32(10) == top:
+            digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
+            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
+    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+    # Exactly `topk - ties` keys exceed the top-k-th; `ties` of those equal to it fill
+    # the rest.
+    ties = need - sFound[1]
+    above_all = topk - ties
+
+    # Each warp owns one contiguous span of the row, so slots follow token order: count
+    # each warp's hits, then every warp writes its own from the counts before it.
+    span = cute.ceil_div(cute.ceil_div(context, warps), _WARP) * _WARP
+    start = warp * span
+    end = cutlass.min(start + span, context)
+    above_count = cutlass.Int32(0)
+    tie_count = cutlass.Int32(0)
+    for base in cutlass.range(start, end, _WARP, unroll=1):
+        n = base + lane
+        key = cutlass.Uint32(0)
+        if n < end:
+            key = _radix_key(scores[row, n])
+        above_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key > kth)))
+        tie_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key == kth)))
+    if lane == 0:
+        sWarp[warp] = above_count
+        sWarp[warps + warp] = tie_count
+    cute.arch.sync_threads()
+    above_slot = cutlass.Int32(0)
+    tie_rank = cutlass.Int32(0)
+    for w in cutlass.range(warp, unroll=1):
+        above_slot += sWarp[w]
+        tie_rank += sWarp[warps + w]
+
+    earlier = cute.arch.lanemask_lt()
+    for base in cutlass.range(start, end, _WARP, unroll=1):
+        n = base + lane
+        key = cutlass.Uint32(0)
+        if n < end:
+            key = _radix_key(scores[row, n])
+        is_above = (n < end) & (key > kth)
+        is_tie = (n < end) & (key == kth)
+        above_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_above))
+        tie_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_tie))
+        if is_above:
+            slot = above_slot + cutlass.Int32(cute.arch.popc(above_mask & earlier))
+            out[row, slot] = cutlass.Int64(n)
+        if is_tie:
+            rank = tie_rank + cutlass.Int32(cute.arch.popc(tie_mask & earlier))
+            if rank < ties:
+                out[row, above_all + rank] = cutlass.Int64(n)
+        above_slot += cutlass.Int32(cute.arch.popc(above_mask))
+        tie_rank += cutlass.Int32(cute.arch.popc(tie_mask))
+
+
+@cute.jit
+def _launch_select(
+    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, context_lens: cute.Tensor,
+    stream: cuda.CUstream, next_n: cutlass.Constexpr, span: cutlass.Constexpr,
+    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr,
+):
+    # use_pdl: the select's launch overlaps the scores kernel's tail; it waits for it
+    # in griddepcontrol.wait. Rows are W wide, a multiple of 64: 16-byte loads always.
+    _select_rows(scores, hist, out, context_lens, next_n, span, threads, sorted_slots, by_bitmap, 4).launch(
+        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
+    )
+
+
+# --- host -----------------------------------------------------------------------------
+
+# TMA and wide loads need 16-byte aligned tensors; compile and launch agree on that.
+_ALIGN = 16
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    # A view may start mid-allocation; a fresh copy starts where the allocator aligns.
+    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
+
+
+def _fake(dtype, shape: tuple):
+    """A row-major global tensor of this shape, described, not allocated; a dimension
+    given as a cute.sym_int is a runtime value, bound at each call."""
+    return make_fake_compact_tensor(
+        dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
+    )
+
+
+def _runtime(divisibility: int = 1):
+    """A batch size, table width or span count: bound at each call, compiling nothing."""
+    return cute.sym_int32(divisibility=divisibility)
+
+
+def _check_params(heads: int, dim: int, next_n: int, schedule: str, reduce: str, span: int) -> int:
+    """The MMA warpgroups taking turns; ValueError for a shape or point this cannot run."""
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"SCHEDULE is one of {tuple(_SCHEDULES)}; got {schedule!r}")
+    turns = _SCHEDULES[schedule]
+    columns = 128 if turns == 3 else 256
+    if next_n * heads > columns or heads % 8 or dim % 64:
+        raise ValueError(f"SCHEDULE={schedule!r} needs next_n*H <= {columns}, H % 8 == 0, D % 64 == 0; "
+                         f"got next_n={next_n}, H={heads}, D={dim}")
+    if reduce not in _REDUCTIONS:
+        raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
+    if span % BLOCK_SIZE:
+        raise ValueError(f"SPAN is whole {BLOCK_SIZE}-token blocks; got {span}")
+    return turns
+
+
+@functools.cache
+def compiled_scores_mma(
+    dtype: torch.dtype, heads: int, dim: int, next_n: int, stages: int, schedule: str,
+    reduce: str, span: int, weight_dtype: torch.dtype = torch.float32,
+):
+    """The scores kernel for one (dtype, H, D, next_n) and parameters, any batch, table
+    width, cache size and lengths; no GPU needed. Called with q [B*next_n*H, D], the
+    cache [blocks*64, D], weights, scores, hist, block_table, context_lens, stream."""
+    turns = _check_params(heads, dim, next_n, schedule, reduce, span)
+    element = _MMA_DTYPES[dtype]
+    return cute.compile(
+        _launch_scores_mma,
+        _fake(element, (_runtime(), dim)), _fake(element, (_runtime(), dim)),
+        _fake(cutlass.Float32, (_runtime(), heads)), _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))),
+        _fake(cutlass.Int32, (_runtime(), _runtime(), _BINS)), _fake(cutlass.Int32, (_runtime(), _runtime())),
+        _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0), span // _TOKENS, next_n, stages * 2, turns,
+        reduce_as_compiled(reduce, next_n),
+    )
+
+
+@functools.cache
+def compiled_select(next_n: int, topk: int, span: int, threads: int, by_bitmap: bool = True):
+    """The select for one (next_n, top-k) and parameters, any batch and lengths, table
+    widths up to _BITMAP_TOKENS (by_bitmap) or past it; no GPU needed. Called with
+    scores, hist, out, context_lens, stream."""
+    if topk > _MAX_TOPK:
+        raise ValueError(f"logits_topk_paged_cute selects at most {_MAX_TOPK} per row; got top-{topk}")
+    return cute.compile(
+        _launch_select,
+        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), _BINS)),
+        _fake(cutlass.Int64, (_runtime(), topk)), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
+        next_n, span, threads, 1 << (topk - 1).bit_length(), by_bitmap,
+    )
+
+
+def _stream(t: torch.Tensor) -> cuda.CUstream:
+    """Torch's current stream on the tensor's device: the one a CUDA graph is being
+    captured on, when it is (a launch on any other stream would not be captured). The
+    null stream for a tensor off the GPU, whose launch then fails for want of one."""
+    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
+
+
+def forward(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+    context_lens: torch.Tensor, weights: torch.Tensor, topk: int,
+) -> torch.Tensor:
+    if q.dtype not in _MMA_DTYPES or kv_cache.dtype != q.dtype or weights.dtype != torch.float32:
+        raise TypeError(f"logits_topk_paged_cute takes q and kv_cache in {sorted(map(str, _MMA_DTYPES))} "
+                        f"and weights in torch.float32; got {q.dtype}, {kv_cache.dtype}, {weights.dtype}")
+    if block_table.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise TypeError(f"block_table and context_lens are torch.int32; got {block_table.dtype}, "
+                        f"{context_lens.dtype}")
+    batch, next_n, heads, dim = q.shape
+    if kv_cache.shape[1:] != (BLOCK_SIZE, dim) or block_table.shape[0] != batch \
+            or context_lens.shape != (batch,) or weights.shape != (batch * next_n, heads) or batch == 0:
+        raise ValueError(f"logits_topk_paged_cute needs q [B>0, next_n, H, D], kv_cache [blocks, {BLOCK_SIZE}, D], "
+                         f"block_table [B, max_blocks], context_lens [B], weights [B*next_n, H]; got "
+                         f"{tuple(q.shape)}, {tuple(kv_cache.shape)}, {tuple(block_table.shape)}, "
+                         f"{tuple(context_lens.shape)}, {tuple(weights.shape)}")
+    # Everything below follows from shapes: no length is read here.
+    q, kv_cache, block_table, context_lens, weights = (
+        _aligned(t) for t in (q, kv_cache, block_table, context_lens, weights))
+    rows = batch * next_n
+    width = block_table.shape[1] * BLOCK_SIZE
+    span = PARAMS["SPAN"]
+    scores = torch.empty(rows, width, dtype=torch.float32, device=q.device)
+    hist = torch.empty(-(-width // span), rows, _BINS, dtype=torch.int32, device=q.device)
+    out = torch.empty(rows, topk, dtype=torch.int64, device=q.device)
+    stream = _stream(q)
+    kernel = compiled_scores_mma(q.dtype, heads, dim, next_n, PARAMS["STAGES"], PARAMS["SCHEDULE"],
+                                 PARAMS["REDUCE"], span)
+    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (
+        q.view(rows * heads, dim), kv_cache.view(-1, dim), weights, scores, hist, block_table, context_lens)), stream)
+    compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= _BITMAP_TOKENS)(
+        *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out, context_lens)), stream
+    )
+    return out
