@@ -198,7 +198,8 @@ def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
     settings = protected.check(source, baseline_path.read_text(encoding="utf-8", errors="replace"))
     say(f"{op.name} on {result.device}: {len(workloads)} workloads across {op.world_size} ranks")
     groups: dict[str, RankGroup] = {}
-    watch = _Watch()
+    # The baseline timed against itself (an A/A run) is the collective library's path.
+    watch = _Watch(judged=path != baseline_path)
     try:
         for role, file in ((BASELINE, baseline_path), (CANDIDATE, path)):
             groups[role] = RankGroup(role=role, op=op, path=file, device=result.device,
@@ -235,7 +236,8 @@ def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
 class _Watch:
     """What the candidate's ranks were seen doing over the whole run."""
 
-    def __init__(self) -> None:
+    def __init__(self, judged: bool = True) -> None:
+        self.judged = judged  # False for the baseline itself: its collectives are the point
         self.collectives: list[str] = []
         self.environment: dict[str, str] = {}
         self.refused: list[str] = []
@@ -245,7 +247,7 @@ class _Watch:
     def note(self, rank: int, header: dict[str, Any], during: str) -> None:
         counted = header.get("collectives") or {}
         total = counted.get("total", 0) if isinstance(counted, dict) else 0
-        if total:
+        if total and self.judged:
             named = counted.get("named") or {}
             which = ", ".join(f"{name} ×{count}" for name, count in named.items()) or \
                 "on the process group directly"
@@ -263,6 +265,9 @@ class _Watch:
             found.append(Guard("moves-data", "fail", "the candidate did not move the data "
                                "itself: its forward ran torch.distributed collectives, the "
                                "baseline's own path: " + "; ".join(self.collectives[:2])))
+        elif not self.judged:
+            found.append(Guard("moves-data", "pass", "the baseline itself: its collectives are "
+                               "the path candidates are timed against"))
         elif self.calls:
             found.append(Guard("moves-data", "pass", f"no collective of any process group ran "
                                f"inside {self.calls} forward calls (counted by the groups' "

@@ -28,6 +28,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -124,12 +125,20 @@ def c_environment() -> dict[str, str]:
     return found
 
 
-def environment_changes(before: dict[str, str]) -> list[str]:
-    now = {**c_environment(), **os.environ}
+def environment() -> dict[str, dict[str, str]]:
+    """Both views of the environment: Python's and the C library's, which can differ."""
+    return {"os.environ": dict(os.environ), "C environment": c_environment()}
+
+
+def environment_changes(before: dict[str, dict[str, str]]) -> list[str]:
+    now = environment()
     changed = []
-    for name in sorted(set(before) | set(now)):
-        if before.get(name) != now.get(name):
-            changed.append(f"{name}: {before.get(name, '(unset)')} → {now.get(name, '(unset)')}")
+    for view, was in before.items():
+        is_now = now[view]
+        for name in sorted(set(was) | set(is_now)):
+            if was.get(name) != is_now.get(name):
+                changed.append(f"{name}: {was.get(name, '(unset)')} → "
+                               f"{is_now.get(name, '(unset)')} (in the {view})")
     return changed
 
 
@@ -166,11 +175,11 @@ class Rank:
         self.barrier = functools.partial(self.counter.originals["barrier"], group=self.lineup)
         if not cuda:
             sandbox.limit_memory(setup["memory_bytes"])
-        self.environment = {**c_environment(), **os.environ}
+        self.environment = environment()
         self.sandbox = sandbox.Sandbox(setup["shared_dir"], frozenset())
         self.sandbox.install()
         try:
-            candidate = load_candidate(setup["candidate"])
+            candidate = load_candidate(Path(setup["candidate"]))
             self.forward = candidate.forward
             prepare = getattr(candidate.module, "setup", None)
             if callable(prepare):
