@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from runners.harness.children import Limits, child_environment
-from runners.harness.collective import slowest_rank
 from runners.harness.dispatch import SizedResult, dispatch_range
 from runners.harness.evaluate import UsageError, evaluate
 from runners.ops import WorkloadError, get_op
@@ -64,10 +63,6 @@ def test_the_reference_is_the_exact_sum_and_every_element_is_checked():
 
 
 # -- the harness pieces -----------------------------------------------------------------
-
-def test_the_slowest_rank_decides_each_call():
-    assert slowest_rank([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
-
 
 def test_the_dispatch_range_is_over_message_size():
     found = dispatch_range("message_bytes", [

@@ -1,12 +1,14 @@
 """The judge's side of a collective op (Op.world_size > 1): an evaluation across ranks.
 
 Each side, the baseline and the candidate, runs as a group of world_size processes
-(runners.harness.rank_worker), one per rank (one per GPU on CUDA), each a fresh
-interpreter with the harness's clean environment (multicast off), OS limits and the
-audit hook of every candidate process, joined in a process group of their own. The
-judge draws the inputs, gives each rank its own share only, checks every rank's output
-against the exact sum, and times the sides in alternating rounds, a sample being the
-slowest rank's time for that call: a collective is done when its last rank is.
+(runners.harness.rank_worker), one per rank (one per GPU on CUDA), all in one jail of
+the side's own (runners.jail: the group shares its PID, network and IPC namespaces, and
+its network holds only its loopback, where the group's process group meets), with the
+harness's clean environment (multicast off), OS limits and the audit hook of every
+candidate process. The judge draws the inputs, gives each rank its own share only on
+its own pipe, checks every rank's output against the exact sum, and times the sides in
+alternating rounds on its own clock, a round ending when the last rank has replied: a
+collective is done when its slowest rank is.
 
 Guards beyond correctness:
 - moves-data: the candidate's forward runs no collective of any process group (counted
@@ -16,16 +18,22 @@ Guards beyond correctness:
 - config: the environment (the C library's, which NCCL reads: NCCL_*, the multicast
   switches) is as it was before the candidate was imported, on every rank;
 - protected-settings: no line of the source changes what the harness holds fixed;
-- sandbox: nothing the audit hook refused.
+- sandbox: nothing the audit hook refused;
+- jail: nothing the jail's supervisor refused once the candidate was imported (a write
+  outside the group's folder, a program, a new namespace...).
 
-Not yet here (CPU part only): the namespace jail of runners.jail (it gives every
-process its own network and IPC namespaces and refuses sockets, which a process group
-needs; a group's ranks would share one jail), CUDA-graph capture of the candidate, and
-the end-to-end tensor-parallel step.
+The ranks' own words (the collectives counted, the environment) come from processes
+that run candidate code, as the single-process worker's in-process watchers do; the
+timing and the outputs' check do not depend on them.
+
+Not yet here (CPU part only): stopping the jail between requests (the single-process
+path's observe.Outside), CUDA-graph capture of the candidate, and the end-to-end
+tensor-parallel step.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -52,6 +60,7 @@ from runners.harness.children import (
     Limits,
     child_environment,
 )
+from runners.jail.plan import make_plan
 from runners.harness.dispatch import SizedResult, dispatch_range
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
@@ -61,11 +70,21 @@ from runners.ops import DISTRIBUTIONS, Op, Workload
 SIZE_AXIS = "message_bytes"
 # Calls per timed request, per rank: each one lined up behind a barrier of its own.
 SAMPLES_PER_ROUND = 5
-MIN_ROUNDS, MAX_ROUNDS = 4, 60
+# A sample per round: enough of them for the bootstrap even on a short budget.
+MIN_ROUNDS, MAX_ROUNDS = 20, 200
+STARTUP_S = 120.0  # the trusted part of the start: the interpreter, torch, the process group
 
 
 class RankGroup:
-    """One side's ranks: started together, asked together, ended together."""
+    """One side's ranks, in one jail: started together, asked together, ended together.
+
+    The jail (runners.jail, `ranks` = world_size) is every candidate process's, shared
+    by the group: its own PID, mount, network and IPC namespaces, a read-only view of
+    the system and the project, the group's folder the one place it may write, and a
+    network namespace with nothing in it but its loopback, where the ranks' process
+    group meets. The other side's group, the judge and the host are out of its sight.
+    Each rank has its own pipe pair to the judge; what the jail refused comes on a
+    third pipe, from the supervisor, which no rank holds."""
 
     def __init__(self, *, role: str, op: Op, path: Path, device: str, threads: int,
                  limits: Limits, deadline: float) -> None:
@@ -73,39 +92,63 @@ class RankGroup:
         self.label = "candidate" if role == CANDIDATE else "baseline"
         self.limits, self.deadline = limits, deadline
         self.folder = Path(tempfile.mkdtemp(prefix="kernel-lab-group-"))
+        self._root = Path(tempfile.mkdtemp(prefix="kernel-lab-root-"))
         self.world_size = op.world_size
-        self.processes: list[subprocess.Popen] = []
         self.requests: list[int] = []
         self.replies: list[int] = []
-        env = child_environment(self.folder, threads=threads, extra={})
-        for rank in range(self.world_size):
+        self.refused: list[str] = []
+        self.startup_refused: list[str] = []
+        self.jail_error: str | None = None
+        self._report_buffer = b""
+        theirs: list[int] = []
+        for _ in range(self.world_size):
             requests_read, requests_write = os.pipe()
             replies_read, replies_write = os.pipe()
-            log = open(self.folder / f"rank{rank}.log", "wb")
-            try:
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, "-s", "-m", "runners.harness.rank_worker",
-                     str(requests_read), str(replies_write)],
-                    pass_fds=(requests_read, replies_write), cwd=self.folder, env=env,
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True))
-            finally:
-                log.close()
-                os.close(requests_read)
-                os.close(replies_write)
+            theirs += [requests_read, replies_write]
             self.requests.append(requests_write)
             self.replies.append(replies_read)
-            wire.write_message(requests_write, {
+        self._report, report_write = os.pipe()
+        os.set_blocking(self._report, False)
+        # gloo finds the address its pairs listen on by this interface: the jail has no other.
+        env = child_environment(self.folder, threads=threads, extra={"GLOO_SOCKET_IFNAME": "lo"})
+        cpu_seconds = math.ceil(limits.total_s * threads) + 10
+        plan = make_plan(
+            scratch=self.folder, root=self._root,
+            argv=[sys.executable, "-s", "-m", "runners.jail.group", "runners.harness.rank_worker",
+                  *map(str, theirs)],
+            files=[path], dsl="torch", device=device, environment=env, cpus=None,
+            cpu_seconds=cpu_seconds, file_bytes=limits.file_bytes, ranks=self.world_size)
+        self._log = open(self.folder / "ranks.log", "wb")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-s", "-m", "runners.jail", plan.to_json(), str(report_write),
+                 str(os.getpid())],
+                pass_fds=(*theirs, report_write), cwd=self.folder, env=env,
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                start_new_session=True)
+        finally:
+            for fd in (*theirs, report_write):
+                os.close(fd)
+        for rank, fd in enumerate(self.requests):
+            wire.write_message(fd, {
                 "rank": rank, "world_size": self.world_size, "device": device,
                 "candidate": str(path), "threads": threads,
                 "store": str(self.folder / "store"), "shared_dir": str(self.folder),
                 "memory_bytes": limits.memory_bytes, "file_bytes": limits.file_bytes,
-                "cpu_seconds": math.ceil(limits.total_s * threads) + 10,
+                "cpu_seconds": cpu_seconds,
             })
 
     def load(self) -> list[dict[str, Any]]:
         """Every rank's answer to importing the candidate (and its setup)."""
+        self._receive_all(STARTUP_S, "starting (importing torch, joining the process group)")
+        # Each rank replied once its start was done, and the supervisor records a call
+        # before it answers it: every refusal so far was the harness's own start.
+        self.read_jail_report()
+        self.startup_refused, self.refused = self.refused, []
+        for fd in self.requests:
+            self._send(fd, {"do": "load"}, None, "importing the candidate")
         headers = [header for header, _ in self._receive_all(
-            self.limits.import_s + 120, "starting and importing the candidate", guard="loads")]
+            self.limits.import_s, "importing the candidate", guard="loads")]
         for rank, header in enumerate(headers):
             if not header.get("ok"):
                 raise CallFailed("load", f"rank {rank}: {shorten(str(header.get('error')))}",
@@ -147,9 +190,17 @@ class RankGroup:
                                           f"within {limit:.3g} s (a peer waiting on a rank that "
                                           "never joined it, or a hang); the group was killed") from None
             except wire.ChannelClosed:
-                code = self.processes[rank].wait(timeout=5)
-                raise self._failed(guard, f"{self.label} rank {rank} exited (status {code}) "
-                                          f"while {during}: {self.log_tail(rank)}") from None
+                try:
+                    code = self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = None
+                self.read_jail_report()
+                if self.jail_error is not None:
+                    raise self._failed("jail", f"the {self.label}'s jail could not be built: "
+                                               f"{self.jail_error}") from None
+                raise self._failed(guard, f"{self.label} rank {rank} exited (the group's "
+                                          f"status {code}) while {during}: "
+                                          f"{self.log_tail()}") from None
             except wire.ProtocolError as error:
                 raise self._failed("protocol", f"{self.label} rank {rank} broke the result "
                                                f"protocol while {during}: {error}") from None
@@ -159,21 +210,44 @@ class RankGroup:
         self.kill()
         return ChildFailure(guard, detail, self.role)
 
-    def log_tail(self, rank: int) -> str:
+    def read_jail_report(self) -> None:
+        """Takes in what the jail's supervisor has said since the last reading."""
+        while True:
+            try:
+                chunk = os.read(self._report, 65536)
+            except OSError:  # BlockingIOError: nothing more for now
+                break
+            if not chunk:
+                break
+            self._report_buffer += chunk
+        *lines, self._report_buffer = self._report_buffer.split(b"\n")
+        for line in lines:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(said, dict):
+                continue
+            if isinstance(said.get("refused"), str):
+                self.refused.append(shorten(said["refused"]))
+            if isinstance(said.get("jail_error"), str):
+                self.jail_error = shorten(said["jail_error"])
+
+    def log_tail(self) -> str:
         try:
-            text = (self.folder / f"rank{rank}.log").read_text(errors="replace").strip()
+            text = (self.folder / "ranks.log").read_text(errors="replace").strip()
         except OSError:
             return "no log"
         return shorten(text.splitlines()[-1]) if text else "no log"
 
     def kill(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for process in self.processes:
-            process.wait()
+        # The supervisor's group: the ranks die with it (their PID namespace ends with
+        # its first process, which dies with the supervisor).
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
 
     def close(self) -> None:
         for fd in [*self.requests, *self.replies]:
@@ -182,12 +256,11 @@ class RankGroup:
             except OSError:
                 pass
         self.kill()
+        self.read_jail_report()
+        os.close(self._report)
+        self._log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def slowest_rank(per_rank: list[list[float]]) -> list[float]:
-    """Each call's time is its slowest rank's: the collective is done when it is."""
-    return [max(times) for times in zip(*per_rank, strict=True)]
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
@@ -219,6 +292,8 @@ def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
     finally:
         for group in groups.values():
             group.close()
+        if CANDIDATE in groups:
+            watch.jail_refused = groups[CANDIDATE].refused
     result.guards += watch.guards()
     if settings is not None:
         result.guards.append(Guard("protected-settings", *settings))
@@ -241,6 +316,7 @@ class _Watch:
         self.collectives: list[str] = []
         self.environment: dict[str, str] = {}
         self.refused: list[str] = []
+        self.jail_refused: list[str] = []  # what the supervisor refused the candidate's ranks
         self.calls = 0
         self.loaded = False
 
@@ -286,6 +362,15 @@ class _Watch:
                 f"{item} (×{count})" if count > 1 else item for item, count in list(counts.items())[:3])))
         else:
             found.append(Guard("sandbox", "pass", "no network, program, signal or outside write attempted"))
+        if self.jail_refused:
+            counts = Counter(self.jail_refused)
+            found.append(Guard("jail", "fail", "the jail refused: " + "; ".join(
+                f"{item} (×{count})" if count > 1 else item for item, count in list(counts.items())[:6])))
+        else:
+            found.append(Guard("jail", "pass", "all ranks in one jail of their own: its own PID, "
+                               "mount, network (its loopback only) and IPC namespaces, the "
+                               "project read-only, the group's folder the only writable "
+                               "place; nothing refused"))
         return found
 
 
@@ -368,18 +453,23 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
 def _time(groups: dict[str, RankGroup], slot: int, workload: Workload, watch: _Watch, *,
           budget_s: float) -> dict[str, list[float]]:
     """Alternating rounds, baseline then candidate, until the budget is spent: whatever
-    slows the machine meanwhile slows both sides alike."""
+    slows the machine meanwhile slows both sides alike. A round is SAMPLES_PER_ROUND
+    calls on every rank, each behind a barrier; its sample is the judge's own clock,
+    from the request's first byte out to the last rank's reply in, per call: the
+    collective is done when its slowest rank is, and no rank's word on its own speed
+    is taken (its process runs candidate code)."""
     times: dict[str, list[float]] = {BASELINE: [], CANDIDATE: []}
     started = time.monotonic()
     rounds = 0
     while rounds < MIN_ROUNDS or (time.monotonic() - started < budget_s and rounds < MAX_ROUNDS):
         for role, group in groups.items():
+            sent = time.perf_counter_ns()
             answers = group.ask("time", f"timing {workload.name}", slot=slot,
                                 samples=SAMPLES_PER_ROUND)
+            times[role].append((time.perf_counter_ns() - sent) / 1e6 / SAMPLES_PER_ROUND)
             if role == CANDIDATE:
                 for rank, (header, _) in enumerate(answers):
                     watch.calls += SAMPLES_PER_ROUND
                     watch.note(rank, header, f"timing {workload.name}")
-            times[role] += slowest_rank([header["times_ms"] for header, _ in answers])
         rounds += 1
     return times

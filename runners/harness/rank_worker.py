@@ -2,19 +2,24 @@
 
     python -m runners.harness.rank_worker REQUEST_FD REPLY_FD
 
-The judge (runners.harness.collective) starts world_size of these per side, the baseline
-and the candidate each in a group of their own. In order:
-1. read the setup from the judge's private pipe;
-2. set OS limits and threads, join the side's process group (gloo on the CPU, NCCL on
-   CUDA) and a second, gloo group of the harness's own for lining the ranks up;
-3. take note of the environment (the C library's, which NCCL reads), install the audit
-   hook, import the candidate and call its `setup(comm)` if it has one;
-4. answer requests until the judge closes the pipe.
+The judge (runners.harness.collective) starts world_size of these per side, the
+baseline and the candidate each in a jail of its own shared by its ranks (runners.jail,
+`ranks` = world_size; runners.jail.group starts them). Every rank:
+1. reads the setup from the judge's private pipe;
+2. sets OS limits and threads, joins the side's process group (gloo on the CPU over the
+   jail's loopback, NCCL on CUDA) and a second, gloo group of the harness's own for
+   lining the ranks up, and says it started;
+3. on the judge's word, takes note of the environment (the C library's, which NCCL
+   reads), installs the audit hook, imports the candidate and calls its `setup(comm)`
+   if it has one;
+4. answers requests until the judge closes the pipe.
 
 It is given its own rank's tensor only, never its peers' and never the seed: a rank can
 have the sum only by moving data. Around every forward it counts the collectives of
 every process group it knows, by the groups' own sequence numbers (which move with a
 collective however it was called) and by torch.distributed's functions (which name it).
+It does not time anything: whatever a process running candidate code says of its own
+speed could be the candidate's; the judge's clock times the group from outside.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import functools
 import os
 import resource
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +179,16 @@ class Rank:
         self.barrier = functools.partial(self.counter.originals["barrier"], group=self.lineup)
         if not cuda:
             sandbox.limit_memory(setup["memory_bytes"])
+        # What the jail refused so far was the harness's own start: the judge tells it
+        # apart from the candidate's by this reply, and only then asks for the import.
+        self.reply({"ok": True, "started": True})
+        try:
+            request, _ = wire.read_message(self.requests)
+        except wire.ChannelClosed:
+            return
+        if request.get("do") != "load":
+            self.reply({"ok": False, "error": f"expected the load request, not {request.get('do')!r}"})
+            return
         self.environment = environment()
         self.sandbox = sandbox.Sandbox(setup["shared_dir"], frozenset())
         self.sandbox.install()
@@ -229,14 +243,12 @@ class Rank:
                                {"output": output.detach().cpu(), "x_after": x.cpu()}
                                if isinstance(output, torch.Tensor) else {"x_after": x.cpu()})
                 elif do == "time":
-                    times, collectives = [], Counter()
+                    collectives: Counter[str] = Counter()
                     for _ in range(int(request["samples"])):
                         self.barrier()
-                        started = time.perf_counter_ns()
                         _, seen = self.call(x)
-                        times.append((time.perf_counter_ns() - started) / 1e6)
                         collectives["total"] += seen["total"]
-                    self.reply({"ok": True, "times_ms": times, "collectives": dict(collectives),
+                    self.reply({"ok": True, "collectives": dict(collectives),
                                 "environment": environment_changes(self.environment)})
                 else:
                     self.reply({"ok": False, "error": f"unknown request {do!r}"})
