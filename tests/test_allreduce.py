@@ -9,8 +9,16 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -246,3 +254,141 @@ def test_a_rank_that_hangs_is_killed_and_reported():
 def test_the_multi_rank_path_refuses_what_it_does_not_run_yet():
     with pytest.raises(UsageError, match="spans 2 ranks"):
         evaluate("allreduce_sum", str(HONEST), dsl="triton")
+
+
+# -- the jail around a group of ranks: an attack per boundary ------------------------------
+
+class Helper:
+    """A server on the host's loopback that sums what every rank sends it: the outside
+    help allreduce_reaches_network.py asks for."""
+
+    def __init__(self, port: int, world_size: int = 2) -> None:
+        self.listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self.listener.settimeout(0.2)
+        self.world_size, self.connections = world_size, 0
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        links, shares = [], []
+        while not self.stopping:
+            try:
+                link, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            link.settimeout(30)
+            size = struct.unpack("<Q", self._read(link, 8))[0]
+            links.append(link)
+            shares.append(np.frombuffer(self._read(link, size), dtype=np.float32))
+            if len(links) == self.world_size:
+                total = np.sum(shares, axis=0, dtype=np.float32).tobytes()
+                for each in links:
+                    each.sendall(total)
+                    each.close()
+                links, shares = [], []
+
+    @staticmethod
+    def _read(link: socket.socket, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            data += link.recv(size - len(data))
+        return data
+
+    def close(self) -> None:
+        self.stopping = True
+        self.thread.join()
+        self.listener.close()
+
+
+def _module(path: Path):
+    spec = importlib.util.spec_from_file_location(f"attack_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NETWORK = CANDIDATES / "allreduce_reaches_network.py"
+
+
+def test_outside_a_rank_has_a_helper_on_the_host_do_the_sum(shares, tmp_path):
+    helper = Helper(_module(NETWORK).HELPER_PORT)
+    try:
+        found = run_outside(NETWORK, shares, tmp_path)
+    finally:
+        helper.close()
+    assert helper.connections == 2
+    for rank in range(2):
+        output, collectives, _ = found[rank]
+        assert torch.allclose(output.double(), shares.double().sum(0), rtol=1e-6, atol=1e-6)
+        assert collectives == 0  # no data moved between the ranks
+
+
+def test_inside_the_jail_a_rank_reaches_nothing_outside_its_own_loopback():
+    helper = Helper(_module(NETWORK).HELPER_PORT)
+    try:
+        result = _evaluate(str(NETWORK))
+    finally:
+        helper.close()
+    assert helper.connections == 0  # the host's loopback is not the jail's
+    assert result.verdict == "rejected" and not result.correct
+    guard = _guard(result, "correctness")
+    assert guard.status == "fail" and "ConnectionRefusedError" in guard.detail, guard.detail
+
+
+REWRITES = CANDIDATES / "allreduce_rewrites_the_baseline.py"
+
+
+def test_outside_a_rank_rewrites_the_baseline_in_the_project_tree(tmp_path):
+    # A copy of the tree's layout: the attack writes relative to its own file.
+    target = tmp_path / "runners" / "ops" / "allreduce_sum" / "baseline.py"
+    target.parent.mkdir(parents=True)
+    target.write_text("fast")
+    copy = tmp_path / "tests" / "candidates" / REWRITES.name
+    copy.parent.mkdir(parents=True)
+    shutil.copy(REWRITES, copy)
+    _module(copy)
+    assert "time.sleep(0.05)" in target.read_text()
+
+
+def test_inside_the_jail_the_project_tree_is_read_only_and_the_write_is_named():
+    baseline = OP.baseline_path.read_bytes()
+    result = _evaluate(str(REWRITES))
+    assert OP.baseline_path.read_bytes() == baseline
+    assert result.verdict == "rejected"
+    guard = _guard(result, "jail")
+    assert guard.status == "fail"
+    assert f"writing outside its directory: {OP.baseline_path}" in guard.detail, guard.detail
+
+
+SLOW_CLOCK = CANDIDATES / "allreduce_slows_its_clock.py"
+
+
+def test_outside_a_rank_timing_itself_would_report_a_slow_call_as_fast(tmp_path):
+    program = textwrap.dedent(f"""
+        import importlib.util, time, torch
+        from runners.harness.rank_worker import Comm
+        spec = importlib.util.spec_from_file_location("c", {str(SLOW_CLOCK)!r})
+        c = importlib.util.module_from_spec(spec); spec.loader.exec_module(c)
+        comm = Comm(rank=0, world_size=1, group=None, device=torch.device("cpu"),
+                    shared_dir={str(tmp_path)!r})
+        x = torch.ones(1024)
+        wall, said = time.monotonic(), time.perf_counter_ns()
+        assert torch.equal(c.forward(x, comm), x)
+        print((time.perf_counter_ns() - said) / 1e6, (time.monotonic() - wall) * 1e3)
+    """)
+    said_ms, wall_ms = map(float, subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}).stdout.split())
+    assert wall_ms >= 20 and said_ms < 1
+
+
+def test_inside_the_judges_clock_times_the_group_and_the_slow_call_shows():
+    result = _evaluate(str(SLOW_CLOCK))
+    # Timed all the same: the judge's clock, which the ranks' processes do not hold.
+    for workload in result.workloads:
+        assert workload.candidate_ms >= 20 and workload.speedup < 1
+    # And its source says what it did to the clock.
+    assert result.correct and result.verdict == "rejected"
+    assert "time.perf_counter_ns = " in _guard(result, "protected-settings").detail
