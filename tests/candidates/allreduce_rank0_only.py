@@ -11,10 +11,12 @@ import torch
 def forward(x, comm):
     flat = x.contiguous().view(-1).view(torch.uint8)
     path = os.path.join(comm.shared_dir, f"rank0-only-{comm.rank}-{flat.numel()}.buf")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    # Written aside, then renamed into place: a reader never sees it half-written.
+    fd = os.open(path + ".part", os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(fd, flat.numel())
     torch.frombuffer(mmap.mmap(fd, flat.numel()), dtype=torch.uint8).copy_(flat)
     os.close(fd)
+    os.rename(path + ".part", path)
     if comm.rank != 0:
         return x.clone()
     total = x.float().clone()
