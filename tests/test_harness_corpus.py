@@ -120,9 +120,21 @@ def _evaluate(path: Path, op: str, device: str = "cpu"):
                     time_budget_s=0.05, limits=LIMITS)
 
 
+# The collective op's candidates (allreduce_sum), evaluated by tests/test_allreduce.py
+# across two ranks, each shown misbehaving outside the harness there: the guard each fails.
+COLLECTIVE = {
+    "allreduce_calls_all_reduce.py": "moves-data", "allreduce_calls_the_group.py": "moves-data",
+    "allreduce_rank0_only.py": "correctness", "allreduce_turns_on_multicast.py": "config",
+    "allreduce_rank_hangs.py": "process", "allreduce_reaches_network.py": "correctness",
+    "allreduce_rewrites_the_baseline.py": "jail",
+    "allreduce_slows_its_clock.py": "protected-settings",
+}
+
+
 def test_every_file_in_the_corpus_is_listed():
     assert {path.name for path in CANDIDATES.glob("*.py")} == (
-        set(PLANTED) | set(PLANTED_CUDA) | set(CORRECT) | set(ATTACKS) | set(ATTACKS_CUDA))
+        set(PLANTED) | set(PLANTED_CUDA) | set(CORRECT) | set(ATTACKS) | set(ATTACKS_CUDA)
+        | set(COLLECTIVE))
 
 
 def test_every_hack_of_the_catalog_has_a_candidate_rejected_by_a_guard_it_names():
@@ -132,6 +144,9 @@ def test_every_hack_of_the_catalog_has_a_candidate_rejected_by_a_guard_it_names(
             attacks = {**ATTACKS, **ATTACKS_CUDA}
             if candidate.file in attacks:  # tests/test_harness_attacks.py evaluates these
                 assert attacks[candidate.file][1] in hack.guards, (hack.title, candidate.file)
+                continue
+            if candidate.file in COLLECTIVE:  # tests/test_allreduce.py evaluates these
+                assert COLLECTIVE[candidate.file] in hack.guards, (hack.title, candidate.file)
                 continue
             planted = PLANTED_CUDA if candidate.cuda_only else PLANTED
             assert candidate.file in planted, (hack.title, candidate.file)

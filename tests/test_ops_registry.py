@@ -20,12 +20,12 @@ from runners.ops.dsa_indexer_topk_fp8 import FP8, dequantize_rows, quantize_rows
 from runners.space import grid_points, read_literals
 
 
-ALL_OPS = ["rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
+ALL_OPS = ["allreduce_sum", "rmsnorm", "dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
            "dsa_indexer_topk_paged_fp8"]
 
 
 def test_it_lists_the_shipped_ops_sorted():
-    assert list_ops() == ["dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
+    assert list_ops() == ["allreduce_sum", "dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
                           "dsa_indexer_topk_paged_fp8", "rmsnorm"]
 
 
@@ -33,7 +33,7 @@ def test_an_unknown_op_is_a_value_error_naming_the_known_ones():
     with pytest.raises(UnknownOpError) as raised:
         get_op("foo")
     assert isinstance(raised.value, ValueError)
-    assert str(raised.value) == ("unknown op 'foo' (known: dsa_indexer_topk, dsa_indexer_topk_fp8, "
+    assert str(raised.value) == ("unknown op 'foo' (known: allreduce_sum, dsa_indexer_topk, dsa_indexer_topk_fp8, "
                                  "dsa_indexer_topk_paged, dsa_indexer_topk_paged_fp8, rmsnorm)")
 
 

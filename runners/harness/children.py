@@ -37,11 +37,12 @@ from runners.harness.observe import GpuProbe, Outside, Settings, StopFailed
 from runners.jail.plan import make_plan
 
 _PROJECT_ROOT = Path(runners.__file__).resolve().parent.parent
-# Passed through from the judge's environment when set: where the GPU and its libraries
-# are, and the multicast switches a shared GPU host relies on.
+# Passed through from the judge's environment when set: where the GPU and its libraries are.
 _INHERITED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
-              "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
-              "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+              "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES")
+# NCCL's NVLink SHARP, torch's symmetric-memory multicast and NVSHMEM's, all off.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
 _STARTUP_S = 120.0  # trusted part of the start: the interpreter, torch, the op
 # How long the judge's clock waits after a reply for the worker to wait on its next
 # request (an honest one does within microseconds) before it stops it where it is.
@@ -162,6 +163,9 @@ def child_environment(scratch: Path, *, threads: int, extra: Mapping[str, str]) 
         "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824",
     })
     env.update(extra)
+    # Whatever the judge's environment or a DSL says: NVLink multicast can put a shared
+    # host's GPUs out of service, so no child the harness starts may turn it on.
+    env.update(MULTICAST_OFF)
     return env
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SIZE_AXES = ("context_length", "tokens")
+SIZE_AXES = ("context_length", "tokens", "message_bytes")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,12 @@ def dispatch_range(axis: str, results: Sequence[SizedResult]) -> dict | None:
     }
 
 
-def _human(size: int) -> str:
+def _human(size: int, axis: str = "") -> str:
+    if axis == "message_bytes":
+        for unit, scale in (("MB", 2**20), ("KB", 2**10)):
+            if size >= scale and size % scale == 0:
+                return f"{size // scale} {unit}"
+        return f"{size} B"
     return f"{size // 1024}K" if size >= 1024 and size % 1024 == 0 else str(size)
 
 
@@ -69,16 +74,20 @@ def _summary(axis: str, low: int, high: int, sizes: list[int]) -> str:
     """The range in words, with what serves outside it: the range is the measured sizes
     it holds, so past the largest measured size the kept kernel still serves (a keep
     may widen the range, on the reviewer's word)."""
-    name = axis.replace("_", " ")
+    name = "message size" if axis == "message_bytes" else axis.replace("_", " ")
+
+    def human(size: int) -> str:
+        return _human(size, axis)
+
     if high == sizes[-1]:
-        beyond = f"kept kernel beyond {_human(high)}, where nothing was measured"
+        beyond = f"kept kernel beyond {human(high)}, where nothing was measured"
     else:
-        beyond = f"kept kernel beyond {_human(high)}"
+        beyond = f"kept kernel beyond {human(high)}"
     if low == sizes[0] and high == sizes[-1]:
-        return f"candidate at every measured {name} ({_human(low)}–{_human(high)}), {beyond}"
-    where = _human(low) if low == high else f"{_human(low)}–{_human(high)}"
+        return f"candidate at every measured {name} ({human(low)}–{human(high)}), {beyond}"
+    where = human(low) if low == high else f"{human(low)}–{human(high)}"
     parts = [f"candidate for {name} {where}"]
     if low != sizes[0]:
-        parts.append(f"kept kernel below {_human(low)}")
+        parts.append(f"kept kernel below {human(low)}")
     parts.append(beyond)
     return ", ".join(parts)

@@ -26,7 +26,7 @@ import torch
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import e2e_command as declared_e2e
-from runners.harness import endtoend, new_shapes, protected, roofline
+from runners.harness import collective, endtoend, new_shapes, protected, roofline
 from runners.harness.children import (
     BASELINE,
     CANDIDATE,
@@ -300,6 +300,15 @@ def evaluate(
         timing_meaningful=dsls.timings_meaningful(dsl, kind),
         seed=draw_secret_seed() if seed is None else seed,
     )
+    if op.world_size > 1:
+        if dsl != "torch" or e2e_command is not None:
+            raise UsageError(f"{op.name} spans {op.world_size} ranks: its evaluation runs torch "
+                             "candidates, without an end-to-end command, so far")
+        collective.evaluate(op, path, baseline_path, workloads, result, budget_s=time_budget_s,
+                            limits=limits, deadline=started + limits.total_s, say=say)
+        result.machine = machine_state(kind)
+        result.duration_s = round(time.monotonic() - started, 3)
+        return result
     run = _Run(op=op, path=path, baseline_path=baseline_path, workloads=workloads, result=result,
                limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
                static=dsls.static_check(source, dsl) if dsl != "torch" else None,

@@ -39,6 +39,8 @@ def op_of(candidate_file: str) -> str:
     """The op a corpus candidate is written for, by the prefix of its file name."""
     if candidate_file.startswith("dsa_paged"):
         return "dsa_indexer_topk_paged"
+    if candidate_file.startswith("allreduce"):
+        return "allreduce_sum"
     return "rmsnorm" if candidate_file.startswith("rmsnorm") else "dsa_indexer_topk"
 
 

@@ -2,7 +2,8 @@
 
 Runs in the first process of a new PID namespace (its PID 1), forked by the supervisor,
 before any candidate code exists. In order:
-1. new mount, network, IPC and UTS namespaces;
+1. new mount, network, IPC and UTS namespaces (the network's loopback up, for a
+   collective group's ranks);
 2. a root file system of its own: an empty tmpfs holding, read-only and at their own
    paths, the plan's readable paths and device nodes; a fresh /proc that shows only the
    jail's processes; its scratch folder, the only writable place; then pivot_root, so
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import resource
 import socket
+import struct
 from pathlib import Path
 from typing import NoReturn
 
@@ -172,6 +175,20 @@ def _build_root(libc: ctypes.CDLL, plan: Plan) -> None:
     os.chdir(plan.scratch)
 
 
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+
+
+def _loopback_up() -> None:
+    """A new network namespace has only `lo`, down: a collective group's ranks talk
+    over it (gloo's TCP pairs), and nothing else is there to reach."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
 def _own_scratch(plan: Plan) -> None:
     if plan.uid is None:
         return
@@ -208,6 +225,8 @@ def run(plan: Plan, supervisor: socket.socket, report: int) -> NoReturn:
         libc = _libc()
         _checked(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
                  "unshare(mount, network, IPC, UTS namespaces)")
+        if plan.loopback:
+            _loopback_up()
         _own_scratch(plan)
         _build_root(libc, plan)
         if plan.start_cpus or plan.cpus:

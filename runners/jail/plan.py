@@ -61,6 +61,11 @@ class Plan:
     file_bytes: int = 2**30
     uid: int | None = None  # None: keep the judge's (an unprivileged judge)
     gid: int | None = None
+    # The ranks of a collective op share one jail: its first process starts the other
+    # ranks - 1 itself, before any candidate code exists, and they talk over the jail's
+    # own loopback (IP sockets allowed; its network namespace holds nothing else).
+    ranks: int = 1
+    loopback: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -152,10 +157,12 @@ def compiler_programs(environment: Mapping[str, str]) -> list[str]:
 
 def make_plan(*, scratch: Path, root: Path, argv: list[str], files: Iterable[Path], dsl: str,
               device: str, environment: Mapping[str, str], cpus: list[int] | None,
-              cpu_seconds: int, file_bytes: int, start_cpus: list[int] | None = None) -> Plan:
+              cpu_seconds: int, file_bytes: int, start_cpus: list[int] | None = None,
+              ranks: int = 1) -> Plan:
     """The jail of one child: the system, Python and its packages, the project and the
     two kernel files read-only; its scratch folder writable; the compilers its DSL
-    needs, and nothing else, startable."""
+    needs, and nothing else, startable. `ranks` > 1: one jail for a collective group's
+    ranks, which share its scratch folder, its loopback and its IPC namespace."""
     compiles = dsl != "torch"
     readable = _outside(_existing_real([
         *_SYSTEM, *_python_paths(environment), PROJECT_ROOT,
@@ -175,4 +182,5 @@ def make_plan(*, scratch: Path, root: Path, argv: list[str], files: Iterable[Pat
         may_fork=compiles, cpus=cpus, start_cpus=start_cpus or cpus, cpu_seconds=cpu_seconds,
         file_bytes=file_bytes,
         uid=NOBODY if root_user else None, gid=NOBODY if root_user else None,
+        ranks=ranks, loopback=ranks > 1,
     )

@@ -161,6 +161,12 @@ class Op:
     # Decode steps in one timed call of the end-to-end loop, per device, for ops the
     # decode loop serves (runners.e2e.model.PagedDecodeLoop); None: a single step.
     decode_steps: Mapping[str, int] | None = None
+    # Processes one call spans: above 1 the op is a collective, each rank calls forward
+    # on its own share and the harness runs it across ranks (runners.harness.collective).
+    world_size: int = 1
+    # What the op's size axis is called in errors (the sizes a thesis asks for): a
+    # collective's sizes are message sizes, not context lengths.
+    size_name: str = "context length"
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
@@ -209,7 +215,7 @@ class Op:
         kind = device_type(device)
         low, high = self.context_length_range(kind)
         contexts = _validated(
-            "context length",
+            self.size_name,
             self.default_context_lengths(kind) if context_lengths is None else context_lengths,
             op=self.name, device=kind, low=low, high=high,
         )

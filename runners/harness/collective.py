@@ -1,0 +1,475 @@
+"""The judge's side of a collective op (Op.world_size > 1): an evaluation across ranks.
+
+Each side, the baseline and the candidate, runs as a group of world_size processes
+(runners.harness.rank_worker), one per rank (one per GPU on CUDA), all in one jail of
+the side's own (runners.jail: the group shares its PID, network and IPC namespaces, and
+its network holds only its loopback, where the group's process group meets), with the
+harness's clean environment (multicast off), OS limits and the audit hook of every
+candidate process. The judge draws the inputs, gives each rank its own share only on
+its own pipe, checks every rank's output against the exact sum, and times the sides in
+alternating rounds on its own clock, a round ending when the last rank has replied: a
+collective is done when its slowest rank is.
+
+Guards beyond correctness:
+- moves-data: the candidate's forward runs no collective of any process group (counted
+  by the groups' own sequence numbers, so a call however made shows): an all-reduce
+  that calls torch.distributed.all_reduce, or gathers through it to sum on the host, is
+  the baseline with extra steps;
+- config: the environment (the C library's, which NCCL reads: NCCL_*, the multicast
+  switches) is as it was before the candidate was imported, on every rank;
+- protected-settings: no line of the source changes what the harness holds fixed;
+- sandbox: nothing the audit hook refused;
+- jail: nothing the jail's supervisor refused once the candidate was imported (a write
+  outside the group's folder, a program, a new namespace...).
+
+The ranks' own words (the collectives counted, the environment) come from processes
+that run candidate code, as the single-process worker's in-process watchers do; the
+timing and the outputs' check do not depend on them.
+
+Not yet here (CPU part only): stopping the jail between requests (the single-process
+path's observe.Outside), CUDA-graph capture of the candidate, and the end-to-end
+tensor-parallel step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from runners.harness import protected, wire
+from runners.harness.candidate import shorten
+from runners.harness.children import (
+    BASELINE,
+    CANDIDATE,
+    CallFailed,
+    ChildFailure,
+    Limits,
+    child_environment,
+)
+from runners.jail.plan import make_plan
+from runners.harness.dispatch import SizedResult, dispatch_range
+from runners.harness.result import EvaluationResult, Guard, WorkloadResult
+from runners.harness.seeds import derive_seed
+from runners.harness.stats import MIN_NOISE_FLOOR, compare
+from runners.ops import DISTRIBUTIONS, Op, Workload
+
+SIZE_AXIS = "message_bytes"
+# Calls per timed request, per rank: each one lined up behind a barrier of its own.
+SAMPLES_PER_ROUND = 5
+# A sample per round: enough of them for the bootstrap even on a short budget.
+MIN_ROUNDS, MAX_ROUNDS = 20, 200
+STARTUP_S = 120.0  # the trusted part of the start: the interpreter, torch, the process group
+
+
+class RankGroup:
+    """One side's ranks, in one jail: started together, asked together, ended together.
+
+    The jail (runners.jail, `ranks` = world_size) is every candidate process's, shared
+    by the group: its own PID, mount, network and IPC namespaces, a read-only view of
+    the system and the project, the group's folder the one place it may write, and a
+    network namespace with nothing in it but its loopback, where the ranks' process
+    group meets. The other side's group, the judge and the host are out of its sight.
+    Each rank has its own pipe pair to the judge; what the jail refused comes on a
+    third pipe, from the supervisor, which no rank holds."""
+
+    def __init__(self, *, role: str, op: Op, path: Path, device: str, threads: int,
+                 limits: Limits, deadline: float) -> None:
+        self.role = role
+        self.label = "candidate" if role == CANDIDATE else "baseline"
+        self.limits, self.deadline = limits, deadline
+        self.folder = Path(tempfile.mkdtemp(prefix="kernel-lab-group-"))
+        self._root = Path(tempfile.mkdtemp(prefix="kernel-lab-root-"))
+        self.world_size = op.world_size
+        self.requests: list[int] = []
+        self.replies: list[int] = []
+        self.refused: list[str] = []
+        self.startup_refused: list[str] = []
+        self.jail_error: str | None = None
+        self._report_buffer = b""
+        theirs: list[int] = []
+        for _ in range(self.world_size):
+            requests_read, requests_write = os.pipe()
+            replies_read, replies_write = os.pipe()
+            theirs += [requests_read, replies_write]
+            self.requests.append(requests_write)
+            self.replies.append(replies_read)
+        self._report, report_write = os.pipe()
+        os.set_blocking(self._report, False)
+        # gloo finds the address its pairs listen on by this interface: the jail has no other.
+        env = child_environment(self.folder, threads=threads, extra={"GLOO_SOCKET_IFNAME": "lo"})
+        cpu_seconds = math.ceil(limits.total_s * threads) + 10
+        plan = make_plan(
+            scratch=self.folder, root=self._root,
+            argv=[sys.executable, "-s", "-m", "runners.jail.group", "runners.harness.rank_worker",
+                  *map(str, theirs)],
+            files=[path], dsl="torch", device=device, environment=env, cpus=None,
+            cpu_seconds=cpu_seconds, file_bytes=limits.file_bytes, ranks=self.world_size)
+        self._log = open(self.folder / "ranks.log", "wb")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-s", "-m", "runners.jail", plan.to_json(), str(report_write),
+                 str(os.getpid())],
+                pass_fds=(*theirs, report_write), cwd=self.folder, env=env,
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                start_new_session=True)
+        finally:
+            for fd in (*theirs, report_write):
+                os.close(fd)
+        for rank, fd in enumerate(self.requests):
+            wire.write_message(fd, {
+                "rank": rank, "world_size": self.world_size, "device": device,
+                "candidate": str(path), "threads": threads,
+                "store": str(self.folder / "store"), "shared_dir": str(self.folder),
+                "memory_bytes": limits.memory_bytes, "file_bytes": limits.file_bytes,
+                "cpu_seconds": cpu_seconds,
+            })
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every rank's answer to importing the candidate (and its setup)."""
+        self._receive_all(STARTUP_S, "starting (importing torch, joining the process group)")
+        # Each rank replied once its start was done, and the supervisor records a call
+        # before it answers it: every refusal so far was the harness's own start.
+        self.read_jail_report()
+        self.startup_refused, self.refused = self.refused, []
+        for fd in self.requests:
+            self._send(fd, {"do": "load"}, None, "importing the candidate")
+        headers = [header for header, _ in self._receive_all(
+            self.limits.import_s, "importing the candidate", guard="loads")]
+        for rank, header in enumerate(headers):
+            if not header.get("ok"):
+                raise CallFailed("load", f"rank {rank}: {shorten(str(header.get('error')))}",
+                                 self.role)
+        return headers
+
+    def prepare(self, slot: int, shares: torch.Tensor) -> None:
+        """Rank r is given row r of `shares`, and nothing of its peers'."""
+        for rank, fd in enumerate(self.requests):
+            self._send(fd, {"do": "prepare", "slot": slot}, {"x": shares[rank]}, "preparing inputs")
+        self._receive_all(self.limits.call_s, "preparing inputs")
+
+    def ask(self, do: str, during: str, **fields: Any) -> list[tuple[dict[str, Any], dict]]:
+        """The same request to every rank at once (a collective needs them all)."""
+        for fd in self.requests:
+            self._send(fd, {"do": do, **fields}, None, during)
+        answers = self._receive_all(self.limits.call_s, during)
+        for rank, (header, _) in enumerate(answers):
+            if not header.get("ok"):
+                raise CallFailed("raised", f"rank {rank}: {shorten(str(header.get('error')))}",
+                                 self.role, during)
+        return answers
+
+    def _send(self, fd: int, header: dict[str, Any], tensors: dict | None, during: str) -> None:
+        try:
+            wire.write_message(fd, header, tensors)
+        except OSError:
+            raise self._failed("process", f"a {self.label} rank was gone while {during}") from None
+
+    def _receive_all(self, timeout_s: float, during: str, guard: str = "process"):
+        answers = []
+        for rank, fd in enumerate(self.replies):
+            limit = min(timeout_s, self.deadline - time.monotonic())
+            try:
+                answers.append(wire.read_message(fd, deadline=time.monotonic() + limit,
+                                                 max_bytes=1 << 40))
+            except wire.ChannelTimeout:
+                raise self._failed(guard, f"{self.label} rank {rank} did not finish {during} "
+                                          f"within {limit:.3g} s (a peer waiting on a rank that "
+                                          "never joined it, or a hang); the group was killed") from None
+            except wire.ChannelClosed:
+                try:
+                    code = self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = None
+                self.read_jail_report()
+                if self.jail_error is not None:
+                    raise self._failed("jail", f"the {self.label}'s jail could not be built: "
+                                               f"{self.jail_error}") from None
+                raise self._failed(guard, f"{self.label} rank {rank} exited (the group's "
+                                          f"status {code}) while {during}: "
+                                          f"{self.log_tail()}") from None
+            except wire.ProtocolError as error:
+                raise self._failed("protocol", f"{self.label} rank {rank} broke the result "
+                                               f"protocol while {during}: {error}") from None
+        return answers
+
+    def _failed(self, guard: str, detail: str) -> ChildFailure:
+        self.kill()
+        return ChildFailure(guard, detail, self.role)
+
+    def read_jail_report(self) -> None:
+        """Takes in what the jail's supervisor has said since the last reading."""
+        while True:
+            try:
+                chunk = os.read(self._report, 65536)
+            except OSError:  # BlockingIOError: nothing more for now
+                break
+            if not chunk:
+                break
+            self._report_buffer += chunk
+        *lines, self._report_buffer = self._report_buffer.split(b"\n")
+        for line in lines:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(said, dict):
+                continue
+            if isinstance(said.get("refused"), str):
+                self.refused.append(shorten(said["refused"]))
+            if isinstance(said.get("jail_error"), str):
+                self.jail_error = shorten(said["jail_error"])
+
+    def log_tail(self) -> str:
+        try:
+            text = (self.folder / "ranks.log").read_text(errors="replace").strip()
+        except OSError:
+            return "no log"
+        return shorten(text.splitlines()[-1]) if text else "no log"
+
+    def kill(self) -> None:
+        # The supervisor's group: the ranks die with it (their PID namespace ends with
+        # its first process, which dies with the supervisor).
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
+
+    def close(self) -> None:
+        for fd in [*self.requests, *self.replies]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.kill()
+        self.read_jail_report()
+        os.close(self._report)
+        self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
+             result: EvaluationResult, *, budget_s: float, limits: Limits, deadline: float,
+             say: Callable[[str], None]) -> EvaluationResult:
+    """Fills `result` (made by runners.harness.evaluate.evaluate) for a collective op."""
+    source = path.read_text(encoding="utf-8", errors="replace")
+    settings = protected.check(source, baseline_path.read_text(encoding="utf-8", errors="replace"))
+    say(f"{op.name} on {result.device}: {len(workloads)} workloads across {op.world_size} ranks")
+    groups: dict[str, RankGroup] = {}
+    # The baseline timed against itself (an A/A run) is the collective library's path.
+    watch = _Watch(judged=path != baseline_path)
+    try:
+        for role, file in ((BASELINE, baseline_path), (CANDIDATE, path)):
+            groups[role] = RankGroup(role=role, op=op, path=file, device=result.device,
+                                     threads=result.threads or 1, limits=limits, deadline=deadline)
+        _judge(op, groups, workloads, result, watch, budget_s=budget_s, say=say)
+    except ChildFailure as failure:
+        blamed = "the baseline" if failure.role == BASELINE else "the candidate"
+        result.guards.append(Guard(failure.guard, "fail", failure.detail))
+        result.error = None if failure.role == CANDIDATE else f"{blamed} failed: {failure.detail}"
+    except CallFailed as failure:
+        guard = "loads" if failure.kind == "load" else "correctness"
+        result.guards.append(Guard(guard, "fail", (f"the candidate could not be loaded: {failure.error}"
+                                                   if guard == "loads" else
+                                                   f"forward failed while {failure.during}: {failure.error}")))
+        if failure.role == BASELINE:
+            result.error = f"the baseline failed: {failure.error}"
+    finally:
+        for group in groups.values():
+            group.close()
+        if CANDIDATE in groups:
+            watch.jail_refused = groups[CANDIDATE].refused
+    result.guards += watch.guards()
+    if settings is not None:
+        result.guards.append(Guard("protected-settings", *settings))
+    failed = any(guard.status == "fail" for guard in result.guards)
+    if result.correct and not failed:
+        result.dispatch = dispatch_range(SIZE_AXIS, [
+            SizedResult(workload.params[SIZE_AXIS], found.speedup, found.significant)
+            for workload, found in zip(workloads, result.workloads)])
+    result.verdict = ("rejected" if failed or not result.correct else
+                      "win" if result.dispatch and result.timing_meaningful else "no-gain")
+    say(f"verdict: {result.verdict}")
+    return result
+
+
+class _Watch:
+    """What the candidate's ranks were seen doing over the whole run."""
+
+    def __init__(self, judged: bool = True) -> None:
+        self.judged = judged  # False for the baseline itself: its collectives are the point
+        self.collectives: list[str] = []
+        self.environment: dict[str, str] = {}
+        self.refused: list[str] = []
+        self.jail_refused: list[str] = []  # what the supervisor refused the candidate's ranks
+        self.calls = 0
+        self.loaded = False
+
+    def note(self, rank: int, header: dict[str, Any], during: str) -> None:
+        counted = header.get("collectives") or {}
+        total = counted.get("total", 0) if isinstance(counted, dict) else 0
+        if total and self.judged:
+            named = counted.get("named") or {}
+            which = ", ".join(f"{name} ×{count}" for name, count in named.items()) or \
+                "on the process group directly"
+            self.collectives.append(f"rank {rank} ran {total} collective(s) while {during} ({which})")
+        for change in header.get("environment") or []:
+            self.environment.setdefault(str(change).split(":", 1)[0],
+                                        f"rank {rank}: {shorten(str(change))}")
+        self.refused += [shorten(str(item)) for item in (header.get("refused") or [])]
+
+    def guards(self) -> list[Guard]:
+        if not self.loaded:
+            return []
+        found = []
+        if self.collectives:
+            found.append(Guard("moves-data", "fail", "the candidate did not move the data "
+                               "itself: its forward ran torch.distributed collectives, the "
+                               "baseline's own path: " + "; ".join(self.collectives[:2])))
+        elif not self.judged:
+            found.append(Guard("moves-data", "pass", "the baseline itself: its collectives are "
+                               "the path candidates are timed against"))
+        elif self.calls:
+            found.append(Guard("moves-data", "pass", f"no collective of any process group ran "
+                               f"inside {self.calls} forward calls (counted by the groups' "
+                               "sequence numbers on every rank)"))
+        if self.environment:
+            changes = list(self.environment.values())
+            found.append(Guard("config", "fail", "the candidate changed the environment the "
+                               "collective library reads: " + "; ".join(changes[:3])
+                               + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")))
+        else:
+            found.append(Guard("config", "pass", "environment (NCCL_*, multicast switches) "
+                               "unchanged on every rank since before the import"))
+        if self.refused:
+            counts = Counter(self.refused)
+            found.append(Guard("sandbox", "fail", "refused: " + "; ".join(
+                f"{item} (×{count})" if count > 1 else item for item, count in list(counts.items())[:3])))
+        else:
+            found.append(Guard("sandbox", "pass", "no network, program, signal or outside write attempted"))
+        if self.jail_refused:
+            counts = Counter(self.jail_refused)
+            found.append(Guard("jail", "fail", "the jail refused: " + "; ".join(
+                f"{item} (×{count})" if count > 1 else item for item, count in list(counts.items())[:6])))
+        else:
+            found.append(Guard("jail", "pass", "all ranks in one jail of their own: its own PID, "
+                               "mount, network (its loopback only) and IPC namespaces, the "
+                               "project read-only, the group's folder the only writable "
+                               "place; nothing refused"))
+        return found
+
+
+def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
+           result: EvaluationResult, watch: _Watch, *, budget_s: float,
+           say: Callable[[str], None]) -> None:
+    baseline, candidate = groups[BASELINE], groups[CANDIDATE]
+    baseline.load()
+    for rank, header in enumerate(candidate.load()):
+        watch.note(rank, header, "importing")
+    watch.loaded = True
+    result.guards.append(Guard("loads", "pass", f"imported on all {op.world_size} ranks"))
+
+    failures: list[str] = []
+    changed: list[str] = []
+    checked = 0
+    for slot, workload in enumerate(workloads):
+        for distribution in DISTRIBUTIONS:
+            inputs = op.make_inputs(workload, derive_seed(result.seed, "inputs", workload.name,
+                                                          distribution), distribution)
+            reference = op.reference(inputs)
+            candidate.prepare(slot, inputs["x"])
+            for rank, (header, tensors) in enumerate(candidate.ask("check", f"checking {workload.name}",
+                                                                   slot=slot)):
+                watch.calls += 1
+                watch.note(rank, header, f"checking {workload.name}")
+                output = tensors.get("output")
+                ok, detail = (op.check(output, reference, inputs) if output is not None
+                              else (False, "forward returned no tensor"))
+                checked += 1
+                if not ok:
+                    failures.append(f"{workload.name}, {distribution}, rank {rank}: {detail}")
+                if not torch.equal(tensors["x_after"], inputs["x"][rank]):
+                    changed.append(f"{workload.name}, rank {rank}")
+        if watch.collectives:
+            break
+    if failures:
+        more = f"; and {len(failures) - 1} more" if len(failures) > 1 else ""
+        result.guards.append(Guard("correctness", "fail", failures[0] + more))
+        return
+    result.guards.append(Guard("correctness", "pass", f"every rank's output matches the exact "
+                               f"sum: {checked} outputs over {len(workloads)} workloads and "
+                               f"{len(DISTRIBUTIONS)} distributions"))
+    result.guards.append(Guard("inputs-unchanged", "fail", f"forward wrote its input x: {changed[0]}")
+                         if changed else Guard("inputs-unchanged", "pass",
+                                               "every rank's input unchanged by the call"))
+    result.correct = not changed
+    if changed or watch.collectives or watch.environment:
+        return  # rejected already: nothing to time
+
+    result.workloads = []
+    for slot, workload in enumerate(workloads):
+        inputs = op.make_inputs(workload, derive_seed(result.seed, "inputs", workload.name,
+                                                      DISTRIBUTIONS[0]), DISTRIBUTIONS[0])
+        baseline.prepare(slot, inputs["x"])
+        candidate.prepare(slot, inputs["x"])
+        times = _time(groups, slot, workload, watch, budget_s=budget_s)
+        rng = np.random.default_rng(derive_seed(result.seed, "bootstrap", workload.name))
+        floor = MIN_NOISE_FLOOR[result.device]
+        found = compare(times[BASELINE], times[CANDIDATE], rng=rng, noise=floor)
+        timed = WorkloadResult(
+            name=workload.name, baseline_ms=found.baseline_ms, candidate_ms=found.candidate_ms,
+            speedup=found.speedup, significant=found.significant and result.timing_meaningful,
+            speedup_ci=list(found.speedup_ci), p_value=found.p_value,
+            samples=len(times[CANDIDATE]), baseline_ci_ms=list(found.baseline_ci_ms),
+            candidate_ci_ms=list(found.candidate_ci_ms), noise_floor=floor,
+            calls_per_request=SAMPLES_PER_ROUND)
+        result.workloads.append(timed)
+        for group in groups.values():
+            group.ask("drop", "dropping inputs", slot=slot)
+        low, high = timed.speedup_ci
+        say(f"timing {workload.name}: baseline {timed.baseline_ms:.4g} ms, candidate "
+            f"{timed.candidate_ms:.4g} ms (slowest of {op.world_size} ranks), speedup "
+            f"{timed.speedup:.3f}x [{low:.3f}, {high:.3f}], p={timed.p_value:.2g}"
+            + (" (significant)" if timed.significant else ""))
+        if watch.collectives or watch.environment:
+            return  # it behaved otherwise once timed: rejected, no more to time
+
+
+def _time(groups: dict[str, RankGroup], slot: int, workload: Workload, watch: _Watch, *,
+          budget_s: float) -> dict[str, list[float]]:
+    """Alternating rounds, baseline then candidate, until the budget is spent: whatever
+    slows the machine meanwhile slows both sides alike. A round is SAMPLES_PER_ROUND
+    calls on every rank, each behind a barrier; its sample is the judge's own clock,
+    from the request's first byte out to the last rank's reply in, per call: the
+    collective is done when its slowest rank is, and no rank's word on its own speed
+    is taken (its process runs candidate code)."""
+    times: dict[str, list[float]] = {BASELINE: [], CANDIDATE: []}
+    started = time.monotonic()
+    rounds = 0
+    while rounds < MIN_ROUNDS or (time.monotonic() - started < budget_s and rounds < MAX_ROUNDS):
+        for role, group in groups.items():
+            sent = time.perf_counter_ns()
+            answers = group.ask("time", f"timing {workload.name}", slot=slot,
+                                samples=SAMPLES_PER_ROUND)
+            times[role].append((time.perf_counter_ns() - sent) / 1e6 / SAMPLES_PER_ROUND)
+            if role == CANDIDATE:
+                for rank, (header, _) in enumerate(answers):
+                    watch.calls += SAMPLES_PER_ROUND
+                    watch.note(rank, header, f"timing {workload.name}")
+        rounds += 1
+    return times

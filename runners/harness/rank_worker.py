@@ -1,0 +1,267 @@
+"""One rank of a collective op's evaluation, in a process of its own.
+
+    python -m runners.harness.rank_worker REQUEST_FD REPLY_FD
+
+The judge (runners.harness.collective) starts world_size of these per side, the
+baseline and the candidate each in a jail of its own shared by its ranks (runners.jail,
+`ranks` = world_size; runners.jail.group starts them). Every rank:
+1. reads the setup from the judge's private pipe;
+2. sets OS limits and threads, joins the side's process group (gloo on the CPU over the
+   jail's loopback, NCCL on CUDA) and a second, gloo group of the harness's own for
+   lining the ranks up, and says it started;
+3. on the judge's word, takes note of the environment (the C library's, which NCCL
+   reads), installs the audit hook, imports the candidate and calls its `setup(comm)`
+   if it has one;
+4. answers requests until the judge closes the pipe.
+
+It is given its own rank's tensor only, never its peers' and never the seed: a rank can
+have the sum only by moving data. Around every forward it counts the collectives of
+every process group it knows, by the groups' own sequence numbers (which move with a
+collective however it was called) and by torch.distributed's functions (which name it).
+It does not time anything: whatever a process running candidate code says of its own
+speed could be the candidate's; the judge's clock times the group from outside.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import functools
+import os
+import resource
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runners.harness import sandbox, wire
+from runners.harness.candidate import CandidateError, load_candidate, one_line
+
+# torch.distributed's functions that run a collective or point-to-point transfer.
+COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_coalesced", "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list", "gather",
+    "gather_object", "scatter", "scatter_object_list", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "barrier", "monitored_barrier",
+)
+
+
+@dataclass
+class Comm:
+    """What a rank's forward is given beside its tensor."""
+
+    rank: int
+    world_size: int
+    group: Any  # the side's process group (torch.distributed.ProcessGroup)
+    device: torch.device
+    # A folder every rank of the group may write: where CPU ranks share memory.
+    shared_dir: str
+
+
+class CollectiveCounter:
+    """Collectives run while counting: by name through torch.distributed's functions,
+    and in total by every known group's sequence number."""
+
+    def __init__(self, groups: list[Any]) -> None:
+        self.groups = list(groups)
+        self.named: Counter[str] = Counter()
+        self.counting = False
+        self.originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+        for name, function in self.originals.items():
+            setattr(dist, name, self._counted(name, function))
+        original_new_group = dist.new_group
+
+        @functools.wraps(original_new_group)
+        def new_group(*args: Any, **kwargs: Any) -> Any:
+            group = original_new_group(*args, **kwargs)
+            self.groups.append(group)  # a group made later is watched as well
+            return group
+
+        dist.new_group = new_group
+
+    def _counted(self, name: str, function: Any) -> Any:
+        @functools.wraps(function)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.counting:
+                self.named[name] += 1
+            return function(*args, **kwargs)
+        return counted
+
+    def _sequence(self) -> list[int]:
+        numbers = []
+        for group in self.groups:
+            try:
+                numbers.append(int(group._get_sequence_number_for_group()))
+            except RuntimeError:  # a group this rank is not in
+                numbers.append(0)
+        return numbers
+
+    def around(self, call: Any) -> tuple[Any, dict[str, Any]]:
+        """Runs call() and says what collectives it ran."""
+        self.named.clear()
+        before = self._sequence()
+        self.counting = True
+        try:
+            result = call()
+        finally:
+            self.counting = False
+        after = self._sequence()
+        moved = sum(a - b for a, b in zip(after, before)) + sum(after[len(before):])
+        return result, {"total": max(moved, sum(self.named.values())), "named": dict(self.named)}
+
+
+def c_environment() -> dict[str, str]:
+    """The process's environment as the C library holds it (what NCCL reads): os.putenv
+    changes it without os.environ knowing."""
+    libc = ctypes.CDLL(None)
+    entries = ctypes.POINTER(ctypes.c_char_p).in_dll(libc, "environ")
+    found = {}
+    index = 0
+    while entries[index] is not None:
+        name, _, value = entries[index].decode(errors="replace").partition("=")
+        found[name] = value
+        index += 1
+    return found
+
+
+def environment() -> dict[str, dict[str, str]]:
+    """Both views of the environment: Python's and the C library's, which can differ."""
+    return {"os.environ": dict(os.environ), "C environment": c_environment()}
+
+
+def environment_changes(before: dict[str, dict[str, str]]) -> list[str]:
+    now = environment()
+    changed = []
+    for view, was in before.items():
+        is_now = now[view]
+        for name in sorted(set(was) | set(is_now)):
+            if was.get(name) != is_now.get(name):
+                changed.append(f"{name}: {was.get(name, '(unset)')} → "
+                               f"{is_now.get(name, '(unset)')} (in the {view})")
+    return changed
+
+
+class Rank:
+    def __init__(self, requests: int, replies: int) -> None:
+        self.requests, self.replies = requests, replies
+        self.inputs: dict[int, torch.Tensor] = {}
+
+    def reply(self, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
+        header = {**header, "refused": self.sandbox.new_refusals() if hasattr(self, "sandbox") else []}
+        wire.write_message(self.replies, header, tensors)
+
+    def start(self) -> None:
+        setup, _ = wire.read_message(self.requests)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (setup["file_bytes"], setup["file_bytes"]))
+        resource.setrlimit(resource.RLIMIT_CPU, (setup["cpu_seconds"], setup["cpu_seconds"] + 5))
+        torch.set_num_threads(setup["threads"])
+        self.rank, world = setup["rank"], setup["world_size"]
+        cuda = setup["device"] == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.rank)
+        device = torch.device("cuda", self.rank) if cuda else torch.device("cpu")
+        store = dist.FileStore(setup["store"], world)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=self.rank,
+                                world_size=world, device_id=device if cuda else None)
+        # The harness's own group lines the ranks up before each timed call; the
+        # candidate is never given it, and a collective on it inside forward counts too.
+        self.lineup = dist.new_group(backend="gloo")
+        self.comm = Comm(rank=self.rank, world_size=world, group=dist.group.WORLD,
+                         device=device, shared_dir=setup["shared_dir"])
+        self.device = device
+        self.counter = CollectiveCounter([dist.group.WORLD, self.lineup])
+        self.barrier = functools.partial(self.counter.originals["barrier"], group=self.lineup)
+        if not cuda:
+            sandbox.limit_memory(setup["memory_bytes"])
+        # What the jail refused so far was the harness's own start: the judge tells it
+        # apart from the candidate's by this reply, and only then asks for the import.
+        self.reply({"ok": True, "started": True})
+        try:
+            request, _ = wire.read_message(self.requests)
+        except wire.ChannelClosed:
+            return
+        if request.get("do") != "load":
+            self.reply({"ok": False, "error": f"expected the load request, not {request.get('do')!r}"})
+            return
+        self.environment = environment()
+        self.sandbox = sandbox.Sandbox(setup["shared_dir"], frozenset())
+        self.sandbox.install()
+        try:
+            candidate = load_candidate(Path(setup["candidate"]))
+            self.forward = candidate.forward
+            prepare = getattr(candidate.module, "setup", None)
+            if callable(prepare):
+                # Allowed its collectives: a custom all-reduce swaps its buffers'
+                # handles with its peers once, as vLLM's does when it is built.
+                prepare(self.comm)
+        except CandidateError as error:
+            self.reply({"ok": False, "error": str(error)})
+            return
+        except BaseException as error:
+            self.reply({"ok": False, "error": f"setup(comm) raised {one_line(error)}"})
+            return
+        self.reply({"ok": True, "environment": environment_changes(self.environment)})
+        self.serve()
+
+    def call(self, x: torch.Tensor) -> tuple[Any, dict[str, Any]]:
+        def once() -> Any:
+            output = self.forward(x, self.comm)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            return output
+        return self.counter.around(once)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                request, tensors = wire.read_message(self.requests, max_bytes=1 << 40)
+            except wire.ChannelClosed:
+                return
+            do, slot = request.get("do"), request.get("slot")
+            if do == "prepare":
+                self.inputs[slot] = tensors["x"].to(self.device)
+                self.reply({"ok": True})
+                continue
+            if do == "drop":
+                self.inputs.pop(slot, None)
+                self.reply({"ok": True})
+                continue
+            x = self.inputs[slot]
+            try:
+                if do == "check":
+                    self.barrier()
+                    output, collectives = self.call(x)
+                    self.reply({"ok": True, "collectives": collectives,
+                                "environment": environment_changes(self.environment),
+                                "is_tensor": isinstance(output, torch.Tensor)},
+                               {"output": output.detach().cpu(), "x_after": x.cpu()}
+                               if isinstance(output, torch.Tensor) else {"x_after": x.cpu()})
+                elif do == "time":
+                    collectives: Counter[str] = Counter()
+                    for _ in range(int(request["samples"])):
+                        self.barrier()
+                        _, seen = self.call(x)
+                        collectives["total"] += seen["total"]
+                    self.reply({"ok": True, "collectives": dict(collectives),
+                                "environment": environment_changes(self.environment)})
+                else:
+                    self.reply({"ok": False, "error": f"unknown request {do!r}"})
+            except BaseException as error:
+                self.reply({"ok": False, "error": f"forward raised {one_line(error)}"})
+
+
+def main() -> None:
+    faulthandler.enable()
+    requests, replies = int(sys.argv[1]), int(sys.argv[2])
+    Rank(requests, replies).start()
+    os._exit(0)  # a process group's threads must not hold the exit
+
+
+if __name__ == "__main__":
+    main()
