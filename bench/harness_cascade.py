@@ -49,6 +49,7 @@ def evaluate(root: Path, candidate: Path, dsl: str, timeout_s: float) -> dict:
     result = json.loads(done.stdout)
     failed = next((g for g in result["guards"] if g["status"] == "fail"), None)
     return {"wall_s": time.monotonic() - began, "verdict": result["verdict"],
+            "inside_s": result.get("duration_s"),
             "stopped_at": result.get("stopped_at"),
             "why": failed["name"] if failed else None,
             "timed": any(w.get("baseline_ms") for w in result["workloads"])}
@@ -72,7 +73,8 @@ def main() -> None:
             walls = [row["wall_s"] for row in found]
             last = found[-1]
             print(f"{case:30s} {label:10s} wall median {statistics.median(walls):6.2f} s "
-                  f"(min {min(walls):.2f}, max {max(walls):.2f}, n={len(walls)}); verdict {last['verdict']}, "
+                  f"(min {min(walls):.2f}, max {max(walls):.2f}, n={len(walls)}; the last {last.get('inside_s')} s "
+                  f"inside evaluate()); verdict {last['verdict']}, "
                   f"stopped at {last.get('stopped_at')}, failed guard {last.get('why')}, "
                   f"timed {last.get('timed')}", flush=True)
 

@@ -272,8 +272,13 @@ def evaluate(
     baseline: str | os.PathLike[str] | None = None,
     e2e_command: str | None = None,
     e2e_command_budget_s: float = declared_e2e.BUDGET_S,
+    stop_at_static: bool = True,
 ) -> EvaluationResult:
     """Evaluate a candidate file (or "baseline", for an A/A run) against the op's baseline.
+
+    `stop_at_static=False` runs every later stage even for a source the static checks
+    reject, as if a line had been hidden from them: the red team shows each runtime guard
+    on its own that way, beside the static check that stops it first.
 
     `baseline` replaces the op's baseline.py as the kernel to time against (the kept
     kernel of the workspace's main line, so kept wins accumulate). `e2e_command` is the
@@ -317,7 +322,7 @@ def evaluate(
                protected_settings=protected.check(source, baseline_source),
                batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
                e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
-    if _fails_statically(run):
+    if stop_at_static and _fails_statically(run):
         # The cascade's first and cheapest stage: the source, read and never run, is
         # rejected before any process starts.
         result.guards += _static_guards(run)
