@@ -51,7 +51,7 @@ from runners.harness.measure import (
     measure_workload,
     median_overhead,
 )
-from runners.harness.result import EvaluationResult, Guard, WorkloadResult
+from runners.harness.result import EvaluationResult, Guard, Stage, WorkloadResult
 from runners.harness.seeds import derive_seed, draw_secret_seed
 from runners.harness.sizes import secret_workloads, sizes_along
 from runners.harness.stats import MIN_NOISE_FLOOR, compare, noise_floors
@@ -215,8 +215,8 @@ class _Run:
     e2e_command: str | None = None
     e2e_command_budget_s: float = declared_e2e.BUDGET_S
     children: list[Child] = field(default_factory=list)
-    # The cascade's stage in progress (result.STAGES): where a failure stops the run.
-    stage: str = "static"
+    # The cascade's stage in progress (result.Stage): where a failure stops the run.
+    stage: Stage = "static"
     # The timing processes (baseline, candidate, control), started once the first checked
     # call passed so that they start while the rest of correctness runs; None until then.
     timing: dict[str, Child] | None = None
@@ -435,8 +435,9 @@ def _judge(run: _Run) -> Child | None:
             or watch.config_changed
             or (run.static and run.static[0] == "fail")
             or (run.protected_settings and run.protected_settings[0] == "fail")):
-        # Already rejected, by what it tried (the guards are added once the run ends):
-        # timing it would only cost time.
+        # Already rejected, by what it tried or (when the static stage did not stop it)
+        # by what it is written in; the guards are added once the run ends: timing it
+        # would only cost time.
         return candidate
     if not result.timing_meaningful:
         result.guards.append(Guard("timing", "warn", _NOT_TIMED))
@@ -462,10 +463,10 @@ def _judge(run: _Run) -> Child | None:
 
 def _start_timing_processes(run: _Run, checked: Child) -> dict[str, Child]:
     """The kept kernel's two processes and the candidate's fresh one, started together so
-    that they have one history. Never the first to start: on a CPU the first process
-    after the checked one's memory was freed ran apart from the next two; first, a
-    baseline's luck widens the A/A floor. What the candidate's timing process does is
-    watched with what the checked one did (one Watch)."""
+    that they have one history. The candidate's is never the first to start: on a CPU
+    the first of three processes ran apart from the next two; first, a baseline's luck
+    widens the A/A floor instead. What the candidate's timing process does is watched
+    with what the checked one did (one Watch)."""
     baseline_dsl = dsls.written_in(run.baseline_path.read_text(encoding="utf-8", errors="replace"))
     baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
     candidate = run.start(CANDIDATE, run.path, run.result.dsl, watch=checked.watch)
@@ -546,7 +547,8 @@ def _time(run: _Run, checked: Child) -> None:
                                              same_code=baseline_dsl == result.dsl)
     before, now = candidate.settings_before, candidate.settings_now()
     run.outside_changes = now.differences(before) if before is not None and now is not None else []
-    if not any(guard.status == "fail" for guard in result.guards):
+    if ((endtoend.dispatched(run.op) or run.e2e_command is not None)
+            and not any(guard.status == "fail" for guard in result.guards)):
         run.stage = "end-to-end"
     if endtoend.dispatched(run.op) and not any(guard.status == "fail" for guard in result.guards):
         # The end-to-end check: only for a candidate still standing after the kernel timing;

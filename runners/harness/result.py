@@ -11,7 +11,6 @@ Status = Literal["pass", "warn", "fail"]
 Verdict = Literal["win", "no-gain", "rejected"]
 # The evaluation's stages, cheapest first (runners.harness.evaluate): once a guard has
 # failed, the later ones are skipped.
-STAGES = ("static", "load", "first-check", "correctness", "timing", "end-to-end")
 Stage = Literal["static", "load", "first-check", "correctness", "timing", "end-to-end"]
 
 
@@ -87,7 +86,7 @@ class EvaluationResult:
     # The secret seed, revealed only once the run is over, so a run can be repeated.
     seed: int | None = None
     error: str | None = None
-    # The stage a rejected candidate was stopped at (one of STAGES; None for a candidate
+    # The stage a rejected candidate was stopped at (a Stage; None for a candidate
     # that was not rejected): every stage after it was skipped, and `error` says why.
     stopped_at: Stage | None = None
     duration_s: float | None = None
