@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runners.harness import Limits, evaluate
+from runners.harness import Limits, evaluate, measure
 from runners.harness.dsl import kernel_dsl
 from runners.harness.hacks import catalog, op_of
 
@@ -477,8 +477,13 @@ def _baseline_digest() -> str:
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
+def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name, monkeypatch):
     _, guard, fragments, contexts = ATTACKS[name]
+    if name in BUDGETS_S:
+        # These play only in a run longer than the stop rule gives a candidate that
+        # cannot win (on a CPU, one inside the 50% floor stops at its minimum of
+        # samples): the run lasts its budget, as one whose speedup is in question does.
+        monkeypatch.setattr(measure, "speedup_settled", lambda times, device: False)
     left = Path("/tmp/kernel-lab-answers.pt")  # where the torch.save attack aims in a child
     left.unlink(missing_ok=True)
     baseline = _baseline_digest()
@@ -486,7 +491,8 @@ def test_the_attack_is_rejected_inside_the_harness_for_its_reason(name):
     op = op_of(name)
     path = CANDIDATES / name
     result = evaluate(op, path, dsl=kernel_dsl(path), context_lengths=contexts,
-                      time_budget_s=BUDGETS_S.get(name, 0.3), limits=LIMITS, seed=20261201)
+                      time_budget_s=BUDGETS_S.get(name, 0.3), limits=LIMITS, seed=20261201,
+                      stop_at_static=False)  # the runtime guard, as if its line were hidden
     assert _baseline_digest() == baseline, "the kept kernel's file was changed"
     assert not set(_helpers()) - helpers, "a helper survived the evaluation"
     assert not left.exists(), "a file was left outside the child's folder"

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from runners.harness import Limits, evaluate
-from runners.harness.dsl import kernel_dsl
+from runners.harness import protected
+from runners.harness.dsl import kernel_dsl, static_check
 from runners.harness.evaluate import _thread_count
 from runners.harness.hacks import catalog, op_of
 from runners.ops import get_op, list_ops
@@ -117,7 +118,26 @@ CORRECT = ["rmsnorm_correct_functional.py", "rmsnorm_correct_rows.py", "dsa_corr
 def _evaluate(path: Path, op: str, device: str = "cpu"):
     return evaluate(op, path, device=device, dsl=kernel_dsl(path),
                     context_lengths=(SMALL if device == "cpu" else CUDA_SMALL)[op],
-                    time_budget_s=0.05, limits=LIMITS)
+                    time_budget_s=0.05, limits=LIMITS,
+                    # Each runtime guard on its own, as if the line the static checks
+                    # read were hidden from them (they stop it first: the test below).
+                    stop_at_static=False)
+
+
+def test_every_candidate_the_static_checks_reject_is_stopped_before_any_process():
+    stopped = 0
+    for path in sorted(CANDIDATES.glob("*.py")):
+        op = get_op(op_of(path.name))
+        dsl = kernel_dsl(path)
+        source = path.read_text()
+        if (protected.check(source, op.baseline_path.read_text()) or ("pass",))[0] != "fail" and (
+                dsl == "torch" or static_check(source, dsl)[0] != "fail"):
+            continue
+        result = evaluate(op.name, path, dsl=dsl, context_lengths=SMALL[op.name], limits=LIMITS)
+        assert result.verdict == "rejected" and result.stopped_at == "static", path.name
+        assert result.duration_s < 1, (path.name, result.duration_s)
+        stopped += 1
+    assert stopped >= 2  # the tolerance loosener and the torch-patching attacks at least
 
 
 # The collective op's candidates (allreduce_sum), evaluated by tests/test_allreduce.py

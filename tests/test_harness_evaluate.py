@@ -7,6 +7,7 @@ candidates one by one; these are the verdict rules and the evaluation's own beha
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 
 import pytest
@@ -232,3 +233,72 @@ def test_an_unknown_dsl_is_a_usage_error():
 def test_asking_for_cuda_without_cuda_is_an_error_not_a_silent_cpu_run():
     with pytest.raises(UsageError, match="CUDA is not available"):
         evaluate("rmsnorm", "baseline", device="cuda")
+
+
+# --- the cascade: cheap checks first, every later stage skipped once a guard failed ---
+
+
+class _CountedChildren:
+    """Counts the child processes an evaluation starts, by role."""
+
+    def __init__(self, monkeypatch):
+        evaluation = importlib.import_module("runners.harness.evaluate")
+        self.roles = []
+        real = evaluation.Child
+
+        def counted(**options):
+            self.roles.append(options["role"])
+            return real(**options)
+
+        monkeypatch.setattr(evaluation, "Child", counted)
+
+
+def test_a_candidate_its_source_rejects_is_stopped_before_any_process_starts(tmp_path, monkeypatch):
+    started = _CountedChildren(monkeypatch)
+    result = _evaluate(tmp_path, """
+        from runners.ops import get_op
+
+        type(get_op("rmsnorm")).tolerances[torch.float32] = (1e-2, 1e-2)
+
+        def forward(x, weight, eps):
+            return reference(x, weight, eps)
+    """)
+    assert started.roles == []
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    assert list(_failing(result)) == ["protected-settings"]
+    assert result.error == _failing(result)["protected-settings"]
+    assert "changes a tolerance" in result.error
+    assert all(workload.baseline_ms is None for workload in result.workloads)
+
+
+def test_a_candidate_wrong_at_its_first_call_is_stopped_there(tmp_path, monkeypatch):
+    started = _CountedChildren(monkeypatch)
+    result = _evaluate(tmp_path, """
+        def forward(x, weight, eps):
+            return reference(x, weight, eps) * 1.5
+    """, context_lengths=[64, 512])
+    assert started.roles == ["candidate"]  # no timing process was started
+    assert result.verdict == "rejected" and result.stopped_at == "first-check"
+    assert list(_failing(result)) == ["correctness"]
+    assert "t=64,dtype=float32, normal inputs, seed #1" in result.error
+    assert all(workload.baseline_ms is None for workload in result.workloads)
+
+
+def test_a_candidate_wrong_later_in_the_matrix_is_stopped_at_correctness(tmp_path, monkeypatch):
+    started = _CountedChildren(monkeypatch)
+    result = _evaluate(tmp_path, """
+        def forward(x, weight, eps):
+            out = reference(x, weight, eps)
+            return out * 1.5 if x.shape[0] == 512 else out
+    """, context_lengths=[64, 512])
+    assert result.verdict == "rejected" and result.stopped_at == "correctness"
+    assert list(_failing(result)) == ["correctness"] and "t=512" in result.error
+    # The timing processes started once the first call passed, and were ended unused.
+    assert started.roles == ["candidate", "baseline", "candidate", "control"]
+    assert all(workload.baseline_ms is None for workload in result.workloads)
+
+
+def test_a_candidate_that_passes_every_stage_says_it_was_stopped_nowhere():
+    result = evaluate("rmsnorm", "baseline", context_lengths=[64], time_budget_s=0.05, limits=LIMITS)
+    assert result.verdict == "no-gain" and result.stopped_at is None
+    assert result.to_dict()["stopped_at"] is None

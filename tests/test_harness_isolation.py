@@ -251,7 +251,10 @@ def test_a_child_cannot_hide_a_change_to_its_inputs_the_judge_reads_them_itself(
             out = _real(x, weight, eps)
             x.add_(1)
             return out
-    """)), context_lengths=[64], time_budget_s=0.02, limits=LIMITS)
+    """)), context_lengths=[64], time_budget_s=0.02, limits=LIMITS,
+        # Its patches of torch are in its source, which stops it first; the judge's own
+        # reading of the inputs is shown as if they had been hidden.
+        stop_at_static=False)
     assert "65,536 of 65,536 elements of x differ" in _failing(result)["inputs-unchanged"]
 
 

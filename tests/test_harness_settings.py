@@ -117,10 +117,18 @@ def test_a_setting_on_a_branch_never_taken_is_still_rejected(tmp_path):
                          "    torch.backends.cuda.matmul.allow_tf32 = True\n" + RMSNORM)
     result = evaluate("rmsnorm", candidate, context_lengths=[64], time_budget_s=0.05, limits=LIMITS)
     guards = {guard.name: guard for guard in result.guards}
-    assert result.verdict == "rejected"
-    assert guards["config"].status == "pass"  # the line never ran...
-    assert guards["protected-settings"].status == "fail"  # ...but it is in the diff
+    # It is in the diff: rejected by its source, before any process ran it...
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    assert guards["protected-settings"].status == "fail"
     assert "line 4 changes a torch backend flag" in guards["protected-settings"].detail
+    assert "config" not in guards
+    # ... and run past that stage, the line never runs: only the diff could see it.
+    result = evaluate("rmsnorm", candidate, context_lengths=[64], time_budget_s=0.05, limits=LIMITS,
+                      stop_at_static=False)
+    guards = {guard.name: guard for guard in result.guards}
+    assert result.verdict == "rejected"
+    assert guards["config"].status == "pass"
+    assert guards["protected-settings"].status == "fail"
 
 
 def test_a_tenfold_win_is_flagged_for_scrutiny(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import Counter
 
 import numpy as np
@@ -20,6 +21,7 @@ from runners.harness.children import BASELINE, CANDIDATE, Reply
 from runners.harness.measure import (
     BATCH_TARGET_MS,
     BATCHED_MIN_SAMPLES,
+    CHECK_EVERY,
     CONTROL,
     MAX_BATCH,
     MIN_SAMPLES,
@@ -30,7 +32,9 @@ from runners.harness.measure import (
     clock_disagreement,
     clock_excess,
     measure_workload,
+    speedup_settled,
 )
+from runners.harness.stats import MIN_NOISE_FLOOR
 from runners.ops import get_op
 
 
@@ -249,10 +253,68 @@ def test_which_calls_are_read_depends_on_the_secret_seed():
     assert len(picks) > 1
 
 
-def test_it_keeps_sampling_while_the_medians_are_uncertain_and_the_budget_lasts():
+def test_it_keeps_sampling_while_the_speedup_could_still_be_significant_until_the_budget():
+    # 1.6x faster, beyond the CPU's 50% floor, but too noisy to know it to 1%: only the
+    # budget ends it.
     rng = np.random.default_rng(0)
-    measurement, _ = _measure(budget_s=0.2, elapsed=lambda: float(rng.lognormal(0, 0.5)))
-    assert len(measurement.times[CANDIDATE].reported) > 100
+    started = time.monotonic()
+    measurement, _ = _measure(budget_s=0.5, elapsed=lambda: float(rng.lognormal(0, 0.5)),
+                              candidate_elapsed=lambda: float(rng.lognormal(0, 0.5)) / 1.6)
+    assert time.monotonic() - started >= 0.5
+    assert len(measurement.times[CANDIDATE].reported) > MIN_SAMPLES
+    assert not speedup_settled(measurement.times, device="cpu")
+
+
+def test_on_a_cpu_it_stops_once_the_speedup_cannot_reach_the_noise_floor():
+    """No sample more could make it significant: the rule ends it, long before the budget."""
+    rng = np.random.default_rng(0)
+    measurement, _ = _measure(budget_s=60.0, elapsed=lambda: float(rng.lognormal(0, 0.5)))
+    times = measurement.times
+    count = len(times[CANDIDATE].reported)
+    assert MIN_SAMPLES <= count < 500 and count % CHECK_EVERY == 0  # checked, not the budget
+    baselines = times[BASELINE].reported + times[CONTROL].reported
+    low, high = stats.median_ratio_ci(baselines, times[CANDIDATE].reported)
+    assert 1 / (1 + MIN_NOISE_FLOOR["cpu"]) < low and high < 1 + MIN_NOISE_FLOOR["cpu"]
+    # At the check before, it could still have been: the rule waited for it.
+    earlier = {side: SideTimes(reported=side_times.reported[:count - CHECK_EVERY])
+               for side, side_times in times.items()}
+    assert count == MIN_SAMPLES or not speedup_settled(earlier, device="cpu")
+
+
+def _sides(rng, *, candidate_scale=1.0, control_spread=0.002, spread=0.002, n=400):
+    return {BASELINE: SideTimes(reported=list(rng.lognormal(0, spread, n))),
+            CONTROL: SideTimes(reported=list(rng.lognormal(0, control_spread, n))),
+            CANDIDATE: SideTimes(reported=list(rng.lognormal(0, spread, n) * candidate_scale))}
+
+
+def test_on_a_gpu_a_speedup_known_to_one_percent_settles_once_the_a_a_pair_is_too():
+    rng = np.random.default_rng(3)
+    # 3% faster, both CIs well within ±1%.
+    assert speedup_settled(_sides(rng, candidate_scale=1 / 1.03), device="cuda")
+    # The same speedup beside an A/A pair known only to a few percent: its floor would
+    # be wide, so the rule goes on.
+    assert not speedup_settled(_sides(rng, candidate_scale=1 / 1.03, control_spread=0.3),
+                               device="cuda")
+    # The speedup itself known only to a few percent, beyond the GPU's 0.5% floor.
+    assert not speedup_settled(_sides(rng, candidate_scale=1 / 1.03, spread=0.15), device="cuda")
+
+
+def test_on_a_cpu_the_same_uncertain_speedup_settles_inside_its_floor():
+    rng = np.random.default_rng(3)
+    sides = _sides(rng, candidate_scale=1 / 1.03, spread=0.15)
+    assert not speedup_settled(sides, device="cuda")
+    assert speedup_settled(sides, device="cpu")
+
+
+def test_the_quick_ratio_ci_tracks_the_bootstrap_ci_the_result_reports():
+    rng = np.random.default_rng(5)
+    for spread, n in ((0.05, 30), (0.3, 100), (0.02, 1000)):
+        base, cand = rng.lognormal(0, spread, n), rng.lognormal(0, spread, n) / 1.1
+        quick = stats.median_ratio_ci(base, cand)
+        boot = stats.compare(base, cand, rng=np.random.default_rng(0), noise=0.0).speedup_ci
+        assert quick[0] < float(np.median(base) / np.median(cand)) < quick[1]
+        width = lambda ci: math.log(ci[1] / ci[0])  # noqa: E731
+        assert 0.5 < width(quick) / width(boot) < 2.5, (spread, n, quick, boot)
 
 
 def test_it_stops_early_once_every_median_is_known_to_one_percent():

@@ -181,6 +181,7 @@ class Child:
         # Shared by the processes of one side: what either was seen doing counts.
         self.watch = watch if watch is not None else Watch(refused=[], replaced=set(), launches=[])
         self.started: dict[str, Any] = {}
+        self._closed = False
         self._seq = 0
         # The worker's own process id (the supervisor is self.process), once reported,
         # and the judge's view of it from outside once the candidate is loaded.
@@ -563,7 +564,12 @@ class Child:
 
     def close(self) -> None:
         """End the child and everything it started, and remove its directories. Nothing
-        is left to say, so it is killed rather than waited for."""
+        is left to say, so it is killed rather than waited for. Once: closed again (the
+        checked process is closed before the timing starts, and with every other child at
+        the end), it would close descriptor numbers that other children now hold."""
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self._requests, self._replies, self._report):
             try:
                 os.close(fd)

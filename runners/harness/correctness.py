@@ -342,15 +342,19 @@ def check_correctness(
     secret_seed: int,
     progress: Callable[[str], None],
     secret: list[Workload] = (),
+    first_passed: Callable[[], None] | None = None,
 ) -> list[Guard]:
     """Guards for output type, untouched inputs, determinism and correctness; stops at
     the first failure. A failed call becomes the guard that explains it. `secret` are
-    the secret sizes, checked after the workloads asked for."""
+    the secret sizes, checked after the workloads asked for. `first_passed` is called
+    once the first call (the first workload's, its smallest) has passed every check: the
+    cheap check that most wrong candidates fail, after which the rest of the matrix runs."""
     tallies = {name: _Tally() for name in (CORRECTNESS, OUTPUT_TYPE, INPUTS_UNCHANGED, DETERMINISTIC)}
     failed: Guard | None = None
+    pending = [first_passed] if first_passed is not None else []
     for workload, order in [*((w, CALL_ORDER) for w in workloads),
                             *((w, SECRET_CALL_ORDER) for w in secret)]:
-        failed = _check_workload(op, child, feed, workload, secret_seed, tallies, order)
+        failed = _check_workload(op, child, feed, workload, secret_seed, tallies, order, pending)
         broken = failed is not None or any(tally.failure for tally in tallies.values())
         progress(f"correctness {workload.name}: {'FAILED' if broken else 'ok'}")
         if broken:
@@ -380,22 +384,29 @@ def check_correctness(
 
 def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, secret_seed: int,
                     tallies: dict[str, _Tally],
-                    order: tuple[tuple[int, str], ...] = CALL_ORDER) -> Guard | None:
+                    order: tuple[tuple[int, str], ...] = CALL_ORDER,
+                    first_passed: list[Callable[[], None]] | None = None) -> Guard | None:
+    """`first_passed`: callbacks to call (and empty) once a call passed every check."""
     expected: dict[tuple[str, int, bool], Expected] = {}
     first_output: dict[str, torch.Tensor | None] = {}
     calls = check_calls(workload, secret_seed, order)
     made = CallInputs(op, workload, secret_seed)
-    for call in calls:
+
+    def expected_of(call: CheckCall) -> Expected:
+        # Made when the call comes, not all ahead: a candidate wrong at its first call is
+        # rejected after one reference, not a workload's worth.
         key = (call.distribution, call.index, call.kind == NEARLY)
         if key not in expected:
             expected[key] = expect(op, workload, call.seed, call.distribution, made.of(call))
+        return expected[key]
+
     try:
         prepare(child, feed, CHECK_SLOT, made.of(calls[0]),
                 f"preparing the checked calls of {workload.name}")
     except CallFailed as failure:
         return call_failure(failure, CORRECTNESS, f"{workload.name}, preparing its calls")
     for call in calls:
-        this = expected[(call.distribution, call.index, call.kind == NEARLY)]
+        this = expected_of(call)
         try:
             reply = run_check_call(child, feed, this, call)
         except CallFailed as failure:
@@ -421,6 +432,8 @@ def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, se
                     tallies[CORRECTNESS].failure = None
                     return baked
             return None
+        while first_passed:
+            first_passed.pop()()
     return None
 
 

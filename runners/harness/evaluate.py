@@ -51,7 +51,7 @@ from runners.harness.measure import (
     measure_workload,
     median_overhead,
 )
-from runners.harness.result import EvaluationResult, Guard, WorkloadResult
+from runners.harness.result import EvaluationResult, Guard, Stage, WorkloadResult
 from runners.harness.seeds import derive_seed, draw_secret_seed
 from runners.harness.sizes import secret_workloads, sizes_along
 from runners.harness.stats import MIN_NOISE_FLOOR, compare, noise_floors
@@ -67,6 +67,9 @@ MAX_THREADS = 4
 IDLE_CPU_MS = 0.5
 # A speedup above this over the baseline is flagged for scrutiny (reward-hacks.md).
 PLAUSIBLE_SPEEDUP = 10.0
+# Why a run whose times say nothing (interpreted Triton on a CPU) is checked and not timed.
+_NOT_TIMED = ("not timed: the kernel ran in Triton's CPU interpreter, whose times say nothing "
+              "about a GPU; judged on correctness only (time it on a GPU)")
 # Guards whose failure means the outputs were not right (or never came).
 _CORRECTNESS_GUARDS = frozenset({"loads", "correctness", "output-type", "inputs-unchanged",
                                  "deterministic", "timed-outputs", "aliasing"})
@@ -212,6 +215,11 @@ class _Run:
     e2e_command: str | None = None
     e2e_command_budget_s: float = declared_e2e.BUDGET_S
     children: list[Child] = field(default_factory=list)
+    # The cascade's stage in progress (result.Stage): where a failure stops the run.
+    stage: Stage = "static"
+    # The timing processes (baseline, candidate, control), started once the first checked
+    # call passed so that they start while the rest of correctness runs; None until then.
+    timing: dict[str, Child] | None = None
     # Where the judge writes every call's inputs for the children (set in evaluate()):
     # on a CPU one arena they all map; on a GPU each child's own device memory.
     input_capacity: int = 0
@@ -264,8 +272,13 @@ def evaluate(
     baseline: str | os.PathLike[str] | None = None,
     e2e_command: str | None = None,
     e2e_command_budget_s: float = declared_e2e.BUDGET_S,
+    stop_at_static: bool = True,
 ) -> EvaluationResult:
     """Evaluate a candidate file (or "baseline", for an A/A run) against the op's baseline.
+
+    `stop_at_static=False` runs every later stage even for a source the static checks
+    reject, as if a line had been hidden from them: the red team shows each runtime guard
+    on its own that way, beside the static check that stops it first.
 
     `baseline` replaces the op's baseline.py as the kernel to time against (the kept
     kernel of the workspace's main line, so kept wins accumulate). `e2e_command` is the
@@ -291,13 +304,16 @@ def evaluate(
         raise UsageError(f"the end-to-end command's budget must be positive, not {e2e_command_budget_s}")
     limits = limits or Limits()
     source = path.read_text(encoding="utf-8", errors="replace")
+    baseline_source = baseline_path.read_text(encoding="utf-8", errors="replace")
 
     result = EvaluationResult(
         op=op.name, device=kind, verdict="rejected", correct=False,
         workloads=[WorkloadResult(name=workload.name) for workload in workloads],
         candidate="baseline" if str(candidate_path) == "baseline" else str(path),
         dsl=dsl, params=_literal_params(source), threads=_thread_count(),
-        timing_meaningful=dsls.timings_meaningful(dsl, kind),
+        # Against a kept kernel the interpreter runs, a time means as little.
+        timing_meaningful=(dsls.timings_meaningful(dsl, kind)
+                           and dsls.timings_meaningful(dsls.written_in(baseline_source), kind)),
         seed=draw_secret_seed() if seed is None else seed,
     )
     if op.world_size > 1:
@@ -312,10 +328,15 @@ def evaluate(
     run = _Run(op=op, path=path, baseline_path=baseline_path, workloads=workloads, result=result,
                limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
                static=dsls.static_check(source, dsl) if dsl != "torch" else None,
-               protected_settings=protected.check(
-                   source, baseline_path.read_text(encoding="utf-8", errors="replace")),
+               protected_settings=protected.check(source, baseline_source),
                batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
                e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
+    if stop_at_static and _fails_statically(run):
+        # The cascade's first and cheapest stage: the source, read and never run, is
+        # rejected before any process starts.
+        result.guards += _static_guards(run)
+        result.error = next(guard.detail for guard in result.guards if guard.status == "fail")
+        return _finish(result, run, started)
     # One thread here: the judge's idle OpenMP workers spin for a while after each of its
     # own torch calls (references, checks), stealing a core from the child being timed.
     run.secret = secret_workloads(op, kind, workloads, run.batch_sizes, result.seed)
@@ -354,17 +375,41 @@ def evaluate(
         result.guards.append(Guard("protected-settings", *run.protected_settings))
     if result.correct:
         result.dispatch = _dispatch(run.op, run.workloads, result.workloads, run.secret)
+    return _finish(result, run, started)
+
+
+def _finish(result: EvaluationResult, run: _Run, started: float) -> EvaluationResult:
     result.verdict = _verdict(result)
-    result.machine = machine_state(kind)
+    # Each stage runs only while no guard has failed, so the one in progress when the
+    # run ended is where a rejected candidate was stopped.
+    result.stopped_at = run.stage if result.verdict == "rejected" else None
+    result.machine = machine_state(result.device)
     result.duration_s = round(time.monotonic() - started, 3)
-    say(f"verdict: {result.verdict}")
+    run.say(f"verdict: {result.verdict}"
+            + (f" (stopped at {result.stopped_at})" if result.stopped_at else ""))
     return result
+
+
+def _fails_statically(run: _Run) -> bool:
+    return any(check is not None and check[0] == "fail"
+               for check in (run.static, run.protected_settings))
+
+
+def _static_guards(run: _Run) -> list[Guard]:
+    """What the source alone says: the required DSL and the protected settings."""
+    guards = []
+    if run.static is not None:
+        guards.append(_required_dsl(run.result.dsl, run.static, []))
+    if run.protected_settings is not None:
+        guards.append(Guard("protected-settings", *run.protected_settings))
+    return guards
 
 
 def _judge(run: _Run) -> Child | None:
     """Runs the evaluation's steps in order; each failure becomes a guard and ends it."""
     result, say = run.result, run.say
     say(f"{run.op.name} on {result.device}: {len(run.workloads)} workloads, {result.threads} threads")
+    run.stage = "load"
     candidate = run.start(CANDIDATE, run.path, result.dsl)
     try:
         candidate.wait_loaded()
@@ -374,10 +419,19 @@ def _judge(run: _Run) -> Child | None:
         return _fail(result, candidate, Guard(failure.guard, "fail", failure.detail))
     result.guards.append(Guard("loads", "pass", f"{run.path.name} imports and defines forward()"))
 
+    run.stage = "first-check"
+
+    def first_passed() -> None:
+        run.stage = "correctness"
+        if result.timing_meaningful:
+            # The timing processes import torch while the rest of correctness runs. They
+            # load the candidate only once the checked process is gone (_time).
+            run.timing = _start_timing_processes(run, candidate)
+
     try:
         result.guards += check_correctness(run.op, candidate, run.workloads, feed=run.feed,
                                            secret_seed=result.seed, progress=say,
-                                           secret=run.secret)
+                                           secret=run.secret, first_passed=first_passed)
     except ChildFailure as failure:
         return _fail(result, candidate, Guard(failure.guard, "fail", failure.detail))
     result.correct = not any(guard.status == "fail" for guard in result.guards)
@@ -390,10 +444,16 @@ def _judge(run: _Run) -> Child | None:
             or watch.config_changed
             or (run.static and run.static[0] == "fail")
             or (run.protected_settings and run.protected_settings[0] == "fail")):
-        # Already rejected, by what it tried or by what it is written in (the guards are
-        # added once the run ends): timing it would only cost time.
+        # Already rejected, by what it tried or (when the static stage did not stop it)
+        # by what it is written in; the guards are added once the run ends: timing it
+        # would only cost time.
+        return candidate
+    if not result.timing_meaningful:
+        result.guards.append(Guard("timing", "warn", _NOT_TIMED))
+        say(f"not timed: {_NOT_TIMED}")
         return candidate
 
+    run.stage = "timing"
     try:
         _time(run, candidate)
     except CallFailed as failure:
@@ -408,6 +468,19 @@ def _judge(run: _Run) -> Child | None:
         name = failure.guard if failure.role == CANDIDATE else "harness"
         _fail(result, candidate, Guard(name, "fail", failure.detail))
     return candidate
+
+
+def _start_timing_processes(run: _Run, checked: Child) -> dict[str, Child]:
+    """The kept kernel's two processes and the candidate's fresh one, started together so
+    that they have one history. The candidate's is never the first to start: on a CPU
+    the first of three processes ran apart from the next two; first, a baseline's luck
+    widens the A/A floor instead. What the candidate's timing process does is watched
+    with what the checked one did (one Watch)."""
+    baseline_dsl = dsls.written_in(run.baseline_path.read_text(encoding="utf-8", errors="replace"))
+    baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
+    candidate = run.start(CANDIDATE, run.path, run.result.dsl, watch=checked.watch)
+    control = run.start(CONTROL, run.baseline_path, baseline_dsl)
+    return {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
 
 
 def _fail(result: EvaluationResult, candidate: Child, guard: Guard) -> Child:
@@ -429,18 +502,16 @@ def _time(run: _Run, checked: Child) -> None:
     process does is watched with what the checked one did (one Watch).
     """
     result, say = run.result, run.say
-    checked.close()  # its memory and cores go to the processes being timed
-    baseline_dsl = dsls.written_in(run.baseline_path.read_text(encoding="utf-8", errors="replace"))
-    # Never the first to start: on a CPU the first process after the checked one's memory
-    # was freed ran apart from the next two; first, a baseline's luck widens the A/A floor.
-    baseline = run.start(BASELINE, run.baseline_path, baseline_dsl)
-    candidate = run.start(CANDIDATE, run.path, result.dsl, watch=checked.watch)
-    control = run.start(CONTROL, run.baseline_path, baseline_dsl)
+    # Its memory and cores go to the processes being timed, and the candidate's code
+    # never runs in two processes at once: the timing one loads it only now.
+    checked.close()
+    sides = run.timing or _start_timing_processes(run, checked)
+    baseline, candidate, control = sides[BASELINE], sides[CANDIDATE], sides[CONTROL]
+    baseline_dsl = baseline.setup["dsl"]
     for child in (baseline, candidate, control):
         child.wait_loaded()
     replay_checks([baseline, candidate, control], run.feed, run.op, run.workloads,
                   secret_seed=result.seed)
-    sides = {BASELINE: baseline, CANDIDATE: candidate, CONTROL: control}
     measured: list[Measurement] = []
     for position, workload in enumerate(run.workloads):
         measurement = measure_workload(run.op, workload, position, sides, feed=run.feed,
@@ -485,6 +556,9 @@ def _time(run: _Run, checked: Child) -> None:
                                              same_code=baseline_dsl == result.dsl)
     before, now = candidate.settings_before, candidate.settings_now()
     run.outside_changes = now.differences(before) if before is not None and now is not None else []
+    if ((endtoend.dispatched(run.op) or run.e2e_command is not None)
+            and not any(guard.status == "fail" for guard in result.guards)):
+        run.stage = "end-to-end"
     if endtoend.dispatched(run.op) and not any(guard.status == "fail" for guard in result.guards):
         # The end-to-end check: only for a candidate still standing after the kernel timing;
         # one rejected before it keeps `e2e: null`.

@@ -50,7 +50,8 @@ from runners.harness.children import (BASELINE, CANDIDATE, Child, ChildFailure, 
 from runners.harness.correctness import (Feed, Observed, observe, output_bound, output_facts, prepare,
                                          revalidate)
 from runners.harness.seeds import derive_seed
-from runners.harness.stats import median_ci, median_ci_relative_width
+from runners.harness.stats import (MIN_NOISE_FLOOR, cannot_be_significant, median_ci,
+                                   median_ci_relative_width, median_ratio_ci)
 from runners.ops import DISTRIBUTIONS, Op, Workload
 
 CONTROL = "control"  # the second baseline process: the A/A half of the comparison
@@ -173,6 +174,26 @@ def _reported_ms(reply: Reply, child: Child) -> float:
 
 def _converged(times: Mapping[str, SideTimes]) -> bool:
     return all(median_ci_relative_width(side.reported) <= TARGET_CI for side in times.values())
+
+
+def speedup_settled(times: Mapping[str, SideTimes], *, device: str) -> bool:
+    """The stop rule of a workload's timing: the speedup (both baseline processes against
+    the candidate) is known to ±TARGET_CI and so is the A/A pair's (a wide A/A CI would
+    widen the noise floor it sets), or the speedup's CI lies inside the device's smallest
+    noise floor, so no further sample could make it significant (the run's floor is never
+    under MIN_NOISE_FLOOR). On a CPU, where that floor is 50%, the second ends most
+    workloads at their minimum of samples; on a GPU the first decides."""
+    baselines = times[BASELINE].reported + times[CONTROL].reported
+    speedup = median_ratio_ci(baselines, times[CANDIDATE].reported)
+    if cannot_be_significant(speedup, MIN_NOISE_FLOOR[device]):
+        return True
+    aa = median_ratio_ci(times[BASELINE].reported, times[CONTROL].reported)
+    return all(_relative_half_width(ci) <= TARGET_CI for ci in (speedup, aa))
+
+
+def _relative_half_width(ci: tuple[float, float]) -> float:
+    low, high = ci
+    return math.log(high / low) / 2 if low > 0 else math.inf
 
 
 def _storage(facts: object) -> tuple[int, int] | None:
@@ -326,7 +347,8 @@ def measure_workload(
                          budget_s=budget_s, before=write_round, after=after,
                          min_samples=(CLOCK_MIN_SAMPLES[workload.device] if length == 1 else
                                       max(BATCHED_MIN_SAMPLES, CLOCK_MIN_SAMPLES[workload.device])),
-                         orders_run=SIZING_ROUNDS)
+                         orders_run=SIZING_ROUNDS,
+                         settled=functools.partial(speedup_settled, device=workload.device))
     last = rounds - 1
     if not observed or observed[-1][1] != last:
         # Calls of the last request, read before the child runs again; which ones, the
@@ -412,12 +434,15 @@ def _interleave(
     warmup: int = WARMUP_ROUNDS,
     rounds: int | None = None,
     orders_run: int = 0,
+    settled: Callable[[Mapping[str, SideTimes]], bool] = _converged,
 ) -> int:
     """The timing loop the kernel and the end-to-end timings share: rounds of one request
     per side (one call per slot), in every order in turn, `warmup` rounds dropped, until
-    every side's median is known to ±1%, MAX_SAMPLES, or the budget; or exactly `rounds`
-    rounds. `orders_run`: rounds run just before, whose orders this loop continues (so
-    no side runs twice in a row across them). Returns the number of rounds run."""
+    the samples are `settled` (by default every side's median known to ±1%; a kernel
+    workload's: speedup_settled), MAX_SAMPLES, or the budget, which caps it; or exactly
+    `rounds` rounds. `orders_run`: rounds run just before, whose orders this loop
+    continues (so no side runs twice in a row across them). Returns the number of rounds
+    run."""
     orders = round_orders(tuple(children))
     done = 0
     deadline = time.monotonic() + budget_s
@@ -445,7 +470,7 @@ def _interleave(
             continue
         if count >= MAX_SAMPLES or time.monotonic() >= deadline:
             return done
-        if count % CHECK_EVERY == 0 and _converged(times):
+        if count % CHECK_EVERY == 0 and settled(times):
             return done
 
 

@@ -9,6 +9,9 @@ from typing import Any, Literal
 
 Status = Literal["pass", "warn", "fail"]
 Verdict = Literal["win", "no-gain", "rejected"]
+# The evaluation's stages, cheapest first (runners.harness.evaluate): once a guard has
+# failed, the later ones are skipped.
+Stage = Literal["static", "load", "first-check", "correctness", "timing", "end-to-end"]
 
 
 @dataclass
@@ -83,6 +86,9 @@ class EvaluationResult:
     # The secret seed, revealed only once the run is over, so a run can be repeated.
     seed: int | None = None
     error: str | None = None
+    # The stage a rejected candidate was stopped at (a Stage; None for a candidate
+    # that was not rejected): every stage after it was skipped, and `error` says why.
+    stopped_at: Stage | None = None
     duration_s: float | None = None
     # The machine and its settings (runners.harness.machine), as the harness read them.
     machine: dict[str, Any] | None = None
