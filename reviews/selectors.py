@@ -6,18 +6,24 @@ A decision counts only for the revision it was made on: everywhere here a candid
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import pygments
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from research import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, GuardFinding, Sweep, Thesis
+from reviews import diffs
 from reviews.diffs import FileDiff, hidden_characters, render_diff
 from reviews.models import Review
 from reviews.retiming import stale_filter
@@ -177,18 +183,37 @@ def commit_diff(old: str, new: str, *, files: tuple[str, ...] = ()) -> list[File
                        new_file=lambda file: workspace.read_file(new, file))
 
 
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+# Two commits named by their full hashes always have the same diff, so its rendering
+# (most of the review page's own time: seven git calls and the highlighting) is kept in
+# the cache, shared by every web process. The key names what renders it too (the source
+# of reviews.diffs, Pygments' version): a new way of rendering never reads an old one.
+_DIFF_RENDERING = hashlib.sha256(
+    Path(diffs.__file__).read_bytes() + pygments.__version__.encode()).hexdigest()[:16]
+DIFF_CACHE_S = 7 * 24 * 3600
+
+
 def candidate_diffs(candidate: Candidate) -> CandidateDiffs:
-    """The git diffs of the review: against the kept kernel the candidate was timed against."""
+    """The git diffs of the review: against the kept kernel the candidate was timed against.
+    Kept in the cache when both commits are full hashes; a failure (a commit not in the
+    workspace) is never kept."""
     base, commit = candidate.sweep.base_commit, candidate.commit
     if not base or not commit:
         return CandidateDiffs([], None, "this candidate has no commit in the kernel workspace")
+    key = (f"review-diffs:{_DIFF_RENDERING}:{base}:{commit}"
+           if _FULL_SHA.fullmatch(base) and _FULL_SHA.fullmatch(commit) else None)
+    if key and (kept := cache.get(key)) is not None:
+        return kept
     try:
         against_kept = commit_diff(base, commit)
         parents = workspace.commit_info(commit)["parents"]
         own = commit_diff(parents[0], commit) if parents and parents[0] != base else None
     except workspace.WorkspaceError as error:
         return CandidateDiffs([], None, str(error))
-    return CandidateDiffs(against_kept, own)
+    made = CandidateDiffs(against_kept, own)
+    if key:
+        cache.set(key, made, DIFF_CACHE_S)
+    return made
 
 
 @dataclass(frozen=True)
