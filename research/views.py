@@ -172,7 +172,6 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
         "result_html": result_rows.rendered(results),
         "counts": selectors.sweep_counts(sweep),
         "workloads": workloads,
-        "figure": charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep), sweep.budget),
         "more_results": len(results) == selectors.RESULT_PAGE_SIZE,
         "refused": selectors.sweep_refused(sweep),
         # Rendered like a thesis's idea: the packs and the thesis are Markdown, and
