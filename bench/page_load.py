@@ -10,7 +10,8 @@ Redis and a fresh database. The database is filled through the services: a sweep
 candidates, and a win of another sweep waiting for review (the review tests' data,
 tests/reviewing.py). Each user is a thread with a requests.Session logged in as a
 reviewer of its own (never the author, so the review page offers the decision): it
-requests the three pages in turn, each as soon as the last answered, for --seconds or
+requests the three pages in turn (the sweep page followed by its chart's JSON, which the
+browser fetches after it), each as soon as the last answered, for --seconds or
 until --requests in all. Before that, one unmeasured request per page warms each up,
 and one user alone requests each page a few times: its time without load.
 
@@ -127,8 +128,10 @@ def main() -> int:
         sweep = _common.sweep_with_results(get_user_model().objects.get(username="ada"), args.results)
         cookies = [_common.session_cookie(reviewer(f"reviewer{n}")) for n in range(1, args.users + 1)]
         with _common.daphne(processes=args.web_processes) as server:
+            # The sweep page's chart comes after it, from its JSON, as the browser asks for it.
             pages = [("dashboard", server.url + reverse("dashboard")),
                      (f"sweep page ({args.results} results)", server.url + sweep.get_absolute_url()),
+                     ("its chart (JSON, after the page)", server.url + reverse("sweep_chart", args=[sweep.pk])),
                      ("review page (a win)", server.url + reverse("candidate_review", args=[win]))]
             with requests.Session() as http:
                 http.cookies.set(*cookies[0])
