@@ -1,4 +1,4 @@
-"""Daphne, with request bodies capped where their bytes arrive, in one or several processes.
+"""Daphne, with request bodies capped where their bytes arrive.
 
     python -m config.serve -b 127.0.0.1 -p 8000 config.asgi:application   (daphne's arguments)
     python -m config.serve --fd 3 config.asgi:application                 (a socket it inherits)
