@@ -11,14 +11,13 @@ can finish or hand back its task.
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from config import launcher_state, web_processes
@@ -60,21 +59,23 @@ def _link_host(host: str) -> str:
         return host or "127.0.0.1"
 
 
-def _wait_until_answering(url: str, children: list[subprocess.Popen], timeout_s: float = 120) -> bool:
-    """Until the site answers HTTP at url ("up" is said only then: the port is bound
-    before any server process runs, so a connection alone proves nothing); False if a
-    child exited or it never did."""
+def _wait_until_answering(host: str, port: int, children: list[subprocess.Popen], timeout_s: float = 120) -> bool:
+    """Until the site answers HTTP on host:port ("up" is said only then: the port is
+    bound before any server process runs, so a connection alone proves nothing); False
+    if a child exited or it never did."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if any(child.poll() is not None for child in children):
             return False
+        connection = http.client.HTTPConnection(host, port, timeout=5)
         try:
-            with urllib.request.urlopen(url, timeout=5):
-                return True
-        except urllib.error.HTTPError:  # an answer all the same
+            connection.request("GET", "/login/")
+            connection.getresponse()  # any status: an answer all the same
             return True
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not listening yet, or cut off mid-answer
             time.sleep(0.1)
+        finally:
+            connection.close()
     return False
 
 
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         # Daphne, with request bodies capped as they arrive, in processes sharing the port.
         children.extend(web_processes.start(listener, args.web_processes, **_CHILD))
         listener.close()  # theirs now: a port nobody serves is a refused connection, not a hang
-        if not _wait_until_answering(f"http://{_link_host(args.host)}:{args.port}/login/", children):
+        if not _wait_until_answering(_link_host(args.host), args.port, children):
             print("Daphne did not come up; stopping the rest.", file=sys.stderr, flush=True)
             return 1
         print(f"\nKernel Lab is up: http://{args.host}:{args.port}/  ({args.web_processes} web processes; "

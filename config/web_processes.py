@@ -3,7 +3,8 @@
 One Daphne process renders every synchronous view under one interpreter lock, so on one
 core at most: 20 users of the sweep page queued for it. Here the socket is bound once,
 by the caller, and every process accepts from it; a process busy rendering accepts less,
-so the next connection goes to one that is free. Websockets need nothing more: the
+so the next connection goes to one that is free (and while one is still starting, the
+others take every connection). Websockets need nothing more: the
 channel layer delivers through Redis to whichever process holds a page's socket, and
 the cache (rate limits, fragments) is Redis too.
 """

@@ -16,7 +16,7 @@ import json
 from django.core.cache import cache
 from django.template.loader import get_template, render_to_string
 from django.urls import reverse
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
 from research.models import Candidate
 
@@ -47,4 +47,6 @@ def rendered(results: list[Candidate]) -> list[SafeString]:
              for key, row in zip(keys, results) if key not in found}
     if drawn:
         cache.set_many(drawn, KEEP_S)
-    return [mark_safe(found.get(key) or drawn[key]) for key in keys]
+    # Kept as the SafeString the template rendered (the cache pickles it with its type):
+    # anything else read from the cache would be escaped on the page, never trusted.
+    return [found.get(key) or drawn[key] for key in keys]

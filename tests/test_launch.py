@@ -94,7 +94,9 @@ def _web_processes_of(launcher_pid: int) -> list[int]:
 
 
 def _get(url: str) -> int:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    # Generous: the launcher says "up" once one process answers, and on a busy machine the
+    # other may still be starting when the first is stopped; its answer then waits for it.
+    with urllib.request.urlopen(url, timeout=90) as response:
         return response.status
 
 
