@@ -1,6 +1,6 @@
 """Shared by the scripts under bench/: a run's own servers, and data filled through services.
 
-The load benchmarks run the app as production does, on loopback: a Daphne process
+The load benchmarks run the app as production does, on loopback: Daphne processes
 serving config.asgi:application, the channel layer on Redis, one database that Daphne
 and the benchmark share. `app_environment()` gives a run its own Redis (REDIS_URL's, or
 an embedded one) and its own fresh database (a new one on DATABASE_URL's server, or
@@ -119,8 +119,13 @@ def _fresh_database() -> Iterator[str]:
 @dataclass(frozen=True)
 class Server:
     url: str  # http://127.0.0.1:PORT
-    pid: int
+    pids: tuple[int, ...]  # its Daphne processes
     log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """The first (with one process, the only) Daphne process."""
+        return self.pids[0]
 
     def log_errors(self, lines: int = 60) -> str:
         """The end of Daphne's log without its access lines: what went wrong inside it."""
@@ -130,37 +135,51 @@ class Server:
 
 
 @contextmanager
-def daphne(*, capped: bool = True) -> Iterator[Server]:
-    """config.asgi:application served by a Daphne process of its own on a free loopback
-    port, as in production (config.serve; `capped=False`: Daphne's own command, whose
-    requests read any body whole). Stopped (SIGTERM, then SIGKILL) on exit."""
-    port = free_port()
+def daphne(*, capped: bool = True, processes: int = 1) -> Iterator[Server]:
+    """config.asgi:application served on a free loopback port, as in production: by
+    `processes` Daphne processes sharing the port (config.web_processes, as the quick
+    start runs them; each one config.serve), or with `capped=False` by one process of
+    Daphne's own command, whose requests read any body whole. Stopped (SIGTERM, then
+    SIGKILL) on exit."""
+    from config import web_processes
+
     log_path = Path(os.environ["DATA_DIR"]) / "daphne.log"
-    server_command = ([sys.executable, "-m", "config.serve"] if capped
-                      else [str(Path(sys.executable).parent / "daphne")])
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [*server_command, "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            cwd=ROOT, env=os.environ, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            # Out of the terminal's process group, so Ctrl-C reaches the benchmark, which
-            # stops it in order; it dies with the benchmark even on SIGKILL.
-            start_new_session=True, preexec_fn=die_with_parent,
-        )
-        server = Server(f"http://127.0.0.1:{port}", process.pid, log_path)
+    # Out of the terminal's process group, so Ctrl-C reaches the benchmark, which stops
+    # them in order; they die with the benchmark even on SIGKILL.
+    child = {"env": os.environ, "stdin": subprocess.DEVNULL, "start_new_session": True,
+             "preexec_fn": die_with_parent}
+    with ExitStack() as stack:
+        log = stack.enter_context(log_path.open("w"))
+        child.update(stdout=log, stderr=subprocess.STDOUT)
+        if capped:
+            with web_processes.listening_socket("127.0.0.1", 0) as listener:  # theirs once started
+                port = listener.getsockname()[1]
+                started = web_processes.start(listener, processes, **child)
+        else:
+            if processes != 1:
+                raise ValueError("Daphne's own command runs one process")
+            port = free_port()
+            started = [subprocess.Popen([str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1",
+                                         "-p", str(port), "config.asgi:application"], cwd=ROOT, **child)]
+        for process in started:
+            stack.callback(_stop, process)
+        server = Server(f"http://127.0.0.1:{port}", tuple(process.pid for process in started), log_path)
         try:
-            _wait_until_serving(process, server.url)
+            _wait_until_serving(started, server.url)
             yield server
         except Exception:
             print(f"--- Daphne's log, less its access lines ---\n{server.log_errors()}", file=sys.stderr)
             raise
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(DAPHNE_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(DAPHNE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 MIB = b"x" * (1 << 20)
@@ -181,11 +200,11 @@ def post_mebibytes(url: str, megabytes: int, *, declared: bool) -> int:
     return status
 
 
-def _wait_until_serving(process: subprocess.Popen, url: str) -> None:
+def _wait_until_serving(processes: list[subprocess.Popen], url: str) -> None:
     deadline = time.monotonic() + DAPHNE_START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"Daphne exited with {process.returncode}")
+        if any(process.poll() is not None for process in processes):
+            raise RuntimeError(f"a Daphne process exited with {[process.poll() for process in processes]}")
         try:
             with urllib.request.urlopen(f"{url}/login/", timeout=2) as response:
                 if response.status == 200:
@@ -207,7 +226,8 @@ def cpu_seconds(pid: int) -> float:
 
 @dataclass(frozen=True)
 class CpuUse:
-    """CPU seconds used by Daphne and by this process (all its threads) over a stretch of wall time."""
+    """CPU seconds used by Daphne (all its processes) and by this process (all its threads)
+    over a stretch of wall time."""
 
     wall_s: float
     daphne_s: float
@@ -218,7 +238,7 @@ class CpuUse:
 
 
 def cpu_clocks(server: Server) -> tuple[float, float, float]:
-    return time.perf_counter(), cpu_seconds(server.pid), time.process_time()
+    return time.perf_counter(), sum(cpu_seconds(pid) for pid in server.pids), time.process_time()
 
 
 def cpu_use_since(clocks: tuple[float, float, float], server: Server) -> CpuUse:
@@ -288,6 +308,14 @@ def sweep_with_results(author, results: int):
         services.candidate_record_result(candidate_id=candidate.pk,
                                          result=synthetic_result(candidate.number, workloads))
     return sweep
+
+
+def add_web_processes_argument(parser) -> None:
+    """--web-processes: Daphne processes behind the port; by default the quick start's count."""
+    from config import web_processes
+
+    parser.add_argument("--web-processes", type=int, default=web_processes.usable_cores(),
+                        help="Daphne processes sharing the port (default: one per usable core, as the quick start)")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,6 +1,6 @@
 """Live delivery under load: websocket clients follow one sweep that produces events at a fixed rate.
 
-    .venv/bin/python bench/live_load.py [--clients 50] [--rate 20] [--seconds 60]
+    .venv/bin/python bench/live_load.py [--clients 50] [--rate 20] [--seconds 60] [--web-processes N]
 
 Everything runs on loopback against real servers this script starts (bench/_common.py):
 Daphne serving config.asgi:application, the channel layer on Redis (REDIS_URL, or an
@@ -207,6 +207,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--rate", type=float, default=20.0, help="events per second")
     parser.add_argument("--seconds", type=float, default=60.0)
+    _common.add_web_processes_argument(parser)
     args = parser.parse_args()
     events = round(args.rate * args.seconds)
 
@@ -222,7 +223,7 @@ def main() -> int:
         producer.observe_commits()
         dropped = DroppedPushes()
         after = sweep.last_seq  # what a page opened now has seen
-        with _common.daphne() as server:
+        with _common.daphne(processes=args.web_processes) as server:
             followers = [Follower(n, _common.session_cookie(User.objects.create_user(f"watcher{n}")),
                                   server.url, sweep.pk, highest=after)
                          for n in range(1, args.clients + 1)]
@@ -238,7 +239,7 @@ def report(servers: str, args, after: int, producer: Producer, produce_s: float,
     expected = range(after + 1, max(producer.committed) + 1)
     latencies = [(arrived - producer.committed[seq]) * 1000
                  for f in followers for seq, arrived in f.arrivals if seq in producer.committed]
-    print(f"{servers}\n{args.clients} clients, {args.rate:g} events/s for {args.seconds:g} s")
+    print(f"{servers}; {args.web_processes} Daphne processes\n{args.clients} clients, {args.rate:g} events/s for {args.seconds:g} s")
     print("| figure | value |\n|---|---|")
     commits = sorted(producer.committed.values())
     print(f"| events produced | {len(commits)} in {produce_s:.1f} s "

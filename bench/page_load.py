@@ -1,14 +1,17 @@
 """Pages under concurrent users: the dashboard, a sweep page and a review page, served by Daphne.
 
     .venv/bin/python bench/page_load.py [--users 20] [--seconds 60 | --requests N] [--results 200]
+                                        [--web-processes N]
 
 Everything runs on loopback against real servers this script starts, as bench/live_load.py
-does (bench/_common.py): Daphne serving config.asgi:application, Redis and a fresh
-database. The database is filled through the services: a sweep of --results recorded
+does (bench/_common.py): Daphne serving config.asgi:application (--web-processes
+processes behind one port, by default one per usable core as the quick start runs it),
+Redis and a fresh database. The database is filled through the services: a sweep of --results recorded
 candidates, and a win of another sweep waiting for review (the review tests' data,
 tests/reviewing.py). Each user is a thread with a requests.Session logged in as a
 reviewer of its own (never the author, so the review page offers the decision): it
-requests the three pages in turn, each as soon as the last answered, for --seconds or
+requests the three pages in turn (the sweep page followed by its chart's JSON, which the
+browser fetches after it), each as soon as the last answered, for --seconds or
 until --requests in all. Before that, one unmeasured request per page warms each up,
 and one user alone requests each page a few times: its time without load.
 
@@ -111,6 +114,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--requests", type=int, default=None, help="stop after this many in all")
     parser.add_argument("--results", type=int, default=200, help="recorded candidates on the sweep page")
+    _common.add_web_processes_argument(parser)
     args = parser.parse_args()
 
     with _common.app_environment() as servers:
@@ -123,9 +127,11 @@ def main() -> int:
         win = create_waiting_win()  # a thesis by ada, a sweep started by bob, its candidate 1 a win
         sweep = _common.sweep_with_results(get_user_model().objects.get(username="ada"), args.results)
         cookies = [_common.session_cookie(reviewer(f"reviewer{n}")) for n in range(1, args.users + 1)]
-        with _common.daphne() as server:
+        with _common.daphne(processes=args.web_processes) as server:
+            # The sweep page's chart comes after it, from its JSON, as the browser asks for it.
             pages = [("dashboard", server.url + reverse("dashboard")),
                      (f"sweep page ({args.results} results)", server.url + sweep.get_absolute_url()),
+                     ("its chart (JSON, after the page)", server.url + reverse("sweep_chart", args=[sweep.pk])),
                      ("review page (a win)", server.url + reverse("candidate_review", args=[win]))]
             with requests.Session() as http:
                 http.cookies.set(*cookies[0])
@@ -152,7 +158,7 @@ def main() -> int:
 
 def report(servers: str, args, pages, alone: dict[str, float], samples: list[Sample], errors: list[str],
            cpu: _common.CpuUse) -> int:
-    print(f"{servers}\n{args.users} users, {len(samples)} requests in {cpu.wall_s:.1f} s "
+    print(f"{servers}; {args.web_processes} Daphne processes\n{args.users} users, {len(samples)} requests in {cpu.wall_s:.1f} s "
           f"({len(samples) / cpu.wall_s:.1f}/s); CPU, share of one core: {cpu}")
     print("| page | requests | app p50 (ms) | app p95 (ms) | round trip p50 (ms) | round trip p95 (ms) "
           "| app, one user alone (ms) | response (KB) |")

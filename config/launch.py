@@ -1,7 +1,7 @@
-"""Runs the whole app on one machine: Daphne, a Celery worker for evaluations and one for
-webhook deliveries, and Redis if needed.
+"""Runs the whole app on one machine: Daphne (one process per core, behind one port), a
+Celery worker for evaluations and one for webhook deliveries, and Redis if needed.
 
-    python -m config.launch [--host 127.0.0.1] [--port 8000]
+    python -m config.launch [--host 127.0.0.1] [--port 8000] [--web-processes N]
 
 Without REDIS_URL an embedded Redis starts; without DATABASE_URL the app uses SQLite in
 WAL mode under DATA_DIR. Ctrl-C (or SIGTERM) stops every process, worker first so it
@@ -11,16 +11,16 @@ can finish or hand back its task.
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from config import launcher_state
+from config import launcher_state, web_processes
 from config.private_files import private_data_dir
 from config.embedded_redis import EmbeddedRedis, die_with_parent
 
@@ -32,13 +32,13 @@ def _manage(*args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
 
 
+# Own session: the terminal's Ctrl-C reaches only this launcher, which then stops the
+# children in order instead of all at once; they end with it even if it is killed.
+_CHILD = {"stdin": subprocess.DEVNULL, "start_new_session": True, "preexec_fn": die_with_parent}
+
+
 def _spawn(command: list[str]) -> subprocess.Popen:
-    # Own session: the terminal's Ctrl-C reaches only this launcher, which then stops
-    # the children in order instead of all at once.
-    return subprocess.Popen(
-        command, cwd=ROOT, stdin=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
+    return subprocess.Popen(command, cwd=ROOT, **_CHILD)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -59,19 +59,31 @@ def _link_host(host: str) -> str:
         return host or "127.0.0.1"
 
 
-def _wait_for_port(host: str, port: int, children: list[subprocess.Popen], timeout_s: float = 120) -> bool:
-    """Until the server answers on host:port ("up" is said only then); False if a child
-    exited or it never did."""
+def _wait_until_answering(host: str, port: int, children: list[subprocess.Popen], timeout_s: float = 120) -> bool:
+    """Until the site answers HTTP on host:port ("up" is said only then: the port is
+    bound before any server process runs, so a connection alone proves nothing); False
+    if a child exited or it never did."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if any(child.poll() is not None for child in children):
             return False
+        connection = http.client.HTTPConnection(host, port, timeout=5)
         try:
-            with socket.create_connection((host, port), timeout=1):
-                return True
-        except OSError:
+            connection.request("GET", "/login/")
+            connection.getresponse()  # any status: an answer all the same
+            return True
+        except (OSError, http.client.HTTPException):  # not listening yet, or cut off mid-answer
             time.sleep(0.1)
+        finally:
+            connection.close()
     return False
+
+
+def _web_processes(value: str) -> int:
+    count = int(value) if value.isdigit() else 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of processes, 1 or more, not {value!r}")
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     parser.add_argument("--queues", default="default,runner.cpu",
                         help="Celery queues the worker serves (comma-separated)")
+    parser.add_argument("--web-processes", type=_web_processes,
+                        default=os.environ.get("WEB_PROCESSES") or str(web_processes.usable_cores()),
+                        help="Daphne processes behind the port (default: WEB_PROCESSES, or one per usable core)")
     args = parser.parse_args(argv)
+    try:  # bound now: a port in use is said before anything starts
+        listener = web_processes.listening_socket(args.host, args.port)
+    except OSError as error:
+        parser.exit(2, f"Cannot listen on {args.host}:{args.port}: {error.strerror or error}\n")
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     data_dir = Path(os.environ.get("DATA_DIR", ROOT / "var"))
@@ -123,13 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             str(bin_dir / "celery"), "-A", "config", "worker", "-Q", "webhooks",
             "--concurrency", "2", "--loglevel", "INFO", "--hostname", "webhooks@%h",
         ]))
-        children.append(_spawn([  # Daphne, with request bodies capped as they arrive
-            sys.executable, "-m", "config.serve", "-b", args.host, "-p", str(args.port), "config.asgi:application",
-        ]))
-        if not _wait_for_port(args.host, args.port, children):
+        # Daphne, with request bodies capped as they arrive, in processes sharing the port.
+        children.extend(web_processes.start(listener, args.web_processes, **_CHILD))
+        listener.close()  # theirs now: a port nobody serves is a refused connection, not a hang
+        if not _wait_until_answering(_link_host(args.host), args.port, children):
             print("Daphne did not come up; stopping the rest.", file=sys.stderr, flush=True)
             return 1
-        print(f"\nKernel Lab is up: http://{args.host}:{args.port}/  (Ctrl-C stops it)\n", flush=True)
+        print(f"\nKernel Lab is up: http://{args.host}:{args.port}/  ({args.web_processes} web processes; "
+              "Ctrl-C stops it)\n", flush=True)
         while not stopping:
             if any(child.poll() is not None for child in children):
                 print("A process exited; stopping the rest.", file=sys.stderr, flush=True)
@@ -137,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         return 0
     finally:
+        listener.close()
         for child in children:  # the worker first: it hands back what it holds
             _stop(child)
         launcher_state.remove(data_dir)

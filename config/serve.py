@@ -1,6 +1,10 @@
 """Daphne, with request bodies capped where their bytes arrive.
 
     python -m config.serve -b 127.0.0.1 -p 8000 config.asgi:application   (daphne's arguments)
+    python -m config.serve --fd 3 config.asgi:application                 (a socket it inherits)
+
+With --fd it serves a listening socket it inherited: config.web_processes runs several
+such processes behind one address.
 
 Twisted reads a whole request body (to memory, or a temporary file past 100 KB) before
 Daphne runs the app, and Daphne then queues every chunk of it in memory at once: the
@@ -17,10 +21,12 @@ lingering close does.)
 from __future__ import annotations
 
 import io
+import os
+import socket
 
-from daphne import http_protocol
+from daphne import http_protocol, server
 from daphne.cli import CommandLineInterface
-from twisted.internet import reactor
+from twisted.internet import endpoints, reactor
 
 LINGER_S = 5.0
 
@@ -75,9 +81,22 @@ class CappedWebRequest(http_protocol.WebRequest):
         return super().process()
 
 
+def _server_from_string(reactor_, description: str):
+    """Daphne's --fd names its socket "fd:fileno=N", an endpoint Twisted's parser does
+    not have; such a socket is adopted as it is (Twisted's adoptStreamPort), any other
+    description parsed as Daphne would."""
+    if description.startswith("fd:fileno="):
+        fileno = int(description.removeprefix("fd:fileno="))
+        with socket.socket(fileno=os.dup(fileno)) as inherited:
+            family = inherited.family
+        return endpoints.AdoptedStreamServerEndpoint(reactor_, fileno, family)
+    return endpoints.serverFromString(reactor_, description)
+
+
 def main() -> None:
     # HTTPFactory builds each connection's requests from this module-level name.
     http_protocol.WebRequest = CappedWebRequest
+    server.serverFromString = _server_from_string
     CommandLineInterface.entrypoint()
 
 

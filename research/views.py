@@ -12,7 +12,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from config.ratelimit import rate_limited
-from research import agent_context, api_tokens, charts, exports, selectors, services, sweep_control, workers
+from research import (agent_context, api_tokens, charts, exports, result_rows, selectors, services, sweep_control,
+                      workers)
 from research.forms import ApiTokenForm, SweepForm, ThesisEditForm, ThesisForm
 from research.markdown import render_markdown
 from research.models import ApiToken, Candidate, Sweep
@@ -168,9 +169,9 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
         "last_seq": last_seq,
         "actions": sweep_control.sweep_actions(sweep=sweep, user=request.user),
         "results": results,
+        "result_html": result_rows.rendered(results),
         "counts": selectors.sweep_counts(sweep),
         "workloads": workloads,
-        "figure": charts.sweep_speedup_figure(workloads, selectors.sweep_speedup_points(sweep), sweep.budget),
         "more_results": len(results) == selectors.RESULT_PAGE_SIZE,
         "refused": selectors.sweep_refused(sweep),
         # Rendered like a thesis's idea: the packs and the thesis are Markdown, and
@@ -239,6 +240,7 @@ def sweep_results(request: HttpRequest, sweep_id: int) -> HttpResponse:
     return render(request, "research/sweep_detail.html#result-rows", {
         "sweep": sweep,
         "results": results,
+        "result_html": result_rows.rendered(results),
         "more_results": len(results) == selectors.RESULT_PAGE_SIZE,
     })
 

@@ -6,18 +6,24 @@ A decision counts only for the revision it was made on: everywhere here a candid
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
+import pygments
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from research import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, GuardFinding, Sweep, Thesis
+from reviews import diffs
 from reviews.diffs import FileDiff, hidden_characters, render_diff
 from reviews.models import Review
 from reviews.retiming import stale_filter
@@ -160,13 +166,16 @@ class CandidateDiffs:
         return [(file.path, name) for file in self.against_kept for name in file.hidden]
 
 
-def candidate_hidden_characters(candidate: Candidate) -> list[str]:
+def candidate_hidden_characters(candidate: Candidate, *, from_cache: bool = False) -> list[str]:
     """The hidden characters (reviews.diffs) anywhere in the candidate's diff against the
     kept kernel it was timed against: what a keep asks the reviewer to have read. Raises
-    workspace.WorkspaceError when the diff cannot be made."""
-    if not candidate.sweep.base_commit or not candidate.commit:
+    workspace.WorkspaceError when the diff cannot be made. `from_cache`: as the page
+    shows it (the keep itself asks git again)."""
+    base, commit = candidate.sweep.base_commit, candidate.commit
+    if not base or not commit:
         return []
-    return hidden_characters(workspace.diff(candidate.sweep.base_commit, candidate.commit))
+    made = lambda: hidden_characters(workspace.diff(base, commit))  # noqa: E731
+    return _of_commits("hidden-characters", base, commit, made) if from_cache else made()
 
 
 def commit_diff(old: str, new: str, *, files: tuple[str, ...] = ()) -> list[FileDiff]:
@@ -177,18 +186,44 @@ def commit_diff(old: str, new: str, *, files: tuple[str, ...] = ()) -> list[File
                        new_file=lambda file: workspace.read_file(new, file))
 
 
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+# Two commits named by their full hashes always have the same diff, so what the review
+# page makes of it (most of the page's own time: git calls and the highlighting) is kept
+# in the cache, shared by every web process. The key names what renders it too (the
+# source of reviews.diffs, Pygments' version): a new way of rendering never reads an old one.
+_DIFF_RENDERING = hashlib.sha256(
+    Path(diffs.__file__).read_bytes() + pygments.__version__.encode()).hexdigest()[:16]
+DIFF_CACHE_S = 7 * 24 * 3600
+
+
+def _of_commits(what: str, base: str, commit: str, make: Callable[[], Any]) -> Any:
+    """make(), a function of the two commits' contents alone: from the cache when both
+    are full hashes, kept there once made. What raises is never kept."""
+    if not (_FULL_SHA.fullmatch(base) and _FULL_SHA.fullmatch(commit)):
+        return make()
+    key = f"{what}:{_DIFF_RENDERING}:{base}:{commit}"
+    if (kept := cache.get(key)) is not None:
+        return kept
+    made = make()
+    cache.set(key, made, DIFF_CACHE_S)
+    return made
+
+
 def candidate_diffs(candidate: Candidate) -> CandidateDiffs:
     """The git diffs of the review: against the kept kernel the candidate was timed against."""
     base, commit = candidate.sweep.base_commit, candidate.commit
     if not base or not commit:
         return CandidateDiffs([], None, "this candidate has no commit in the kernel workspace")
-    try:
+
+    def made() -> CandidateDiffs:
         against_kept = commit_diff(base, commit)
         parents = workspace.commit_info(commit)["parents"]
-        own = commit_diff(parents[0], commit) if parents and parents[0] != base else None
+        return CandidateDiffs(against_kept, commit_diff(parents[0], commit) if parents and parents[0] != base else None)
+
+    try:
+        return _of_commits("review-diffs", base, commit, made)
     except workspace.WorkspaceError as error:
         return CandidateDiffs([], None, str(error))
-    return CandidateDiffs(against_kept, own)
 
 
 @dataclass(frozen=True)

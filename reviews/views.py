@@ -226,7 +226,7 @@ def _hidden_characters(candidate: Candidate) -> list[str]:
     """What the keep will ask about (the service checks it again, failing closed): none
     when the diff cannot be made, which the page reports on its own."""
     try:
-        return selectors.candidate_hidden_characters(candidate)
+        return selectors.candidate_hidden_characters(candidate, from_cache=True)
     except workspace.WorkspaceError:
         return []
 

@@ -34,7 +34,19 @@ def test_live_load_delivers_every_event_to_every_client_once_and_in_order():
 
 def test_page_load_serves_every_page_with_its_server_timing():
     output = _run("page_load.py", "--users", "3", "--seconds", "3", "--results", "20")
-    for page in ("| dashboard |", "| sweep page (20 results) |", "| review page (a win) |"):
+    for page in ("| dashboard |", "| sweep page (20 results) |", "| its chart (JSON, after the page) |",
+                 "| review page (a win) |"):
+        assert page in output
+
+
+def test_page_load_runs_against_several_web_processes():
+    output = _run("page_load.py", "--users", "3", "--seconds", "2", "--results", "5", "--web-processes", "2")
+    assert "; 2 Daphne processes" in output and "| review page (a win) |" in output
+
+
+def test_page_work_reports_cpu_and_queries_of_every_page():
+    output = _run("page_work.py", "--results", "5", "--repeats", "2")
+    for page in ("| dashboard |", "| sweep page (5 results) |", "| its chart (JSON) |", "| review page (a win) |"):
         assert page in output
 
 

@@ -344,3 +344,46 @@ def test_a_keep_for_every_size_steps_the_waterfall_which_the_worker_measures_liv
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "browser-waterfall-last-page.png"), full_page=True)
             browser.close()
+
+
+def test_a_result_that_arrives_before_the_sweep_chart_is_drawn_is_on_the_chart(app):
+    """The chart's figure is fetched after the page: here it is read before candidate 1's
+    result is recorded and reaches the page only after that result came live, as on a
+    busy server. The chart must still show candidate 1."""
+    username, password = app.login()
+    win = _create_waiting_win(app, "The chart comes after the page", number=2)
+    sweep_id = int(_in_app(app, f"from research.models import Candidate; print(Candidate.objects.get(pk={win}).sweep_id)"))
+    held = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_context(base_url=app.url).new_page()
+        page.set_default_timeout(30_000)
+        try:
+            _log_in(page, username, password)
+            expect(page.locator("#review-count")).to_have_attribute("data-state", "live")
+            # The figure is fetched now (candidate 2's points only) and held back.
+            page.route(f"**/sweeps/{sweep_id}/chart.json", lambda route: held.append((route, route.fetch())))
+            page.goto(f"/sweeps/{sweep_id}/")
+            expect(page.locator("#connection")).to_have_text("live")
+            for _ in range(100):  # Playwright runs the route's handler while the page waits
+                if held:
+                    break
+                page.wait_for_timeout(100)
+            assert held, "the page never asked for its chart"
+            assert [len(trace["x"]) for trace in held[0][1].json()["data"]][0] == 1
+
+            _in_app(app, "from research.models import Candidate; from tests.reviewing import record, recorded_result; "
+                         f"record(Candidate.objects.get(sweep_id={sweep_id}, number=1), recorded_result()); print('ok')")
+            expect(page.locator("#candidate-1")).to_be_visible()  # applied live; the chart not drawn yet
+            route, response = held[0]
+            route.fulfill(response=response)
+
+            # Polled from here: wait_for_function's polling evaluates strings, which the CSP refuses.
+            plotted = "(document.getElementById('sweep-chart').data || [{x: []}])[0].x.slice().sort()"
+            for _ in range(50):
+                if len(page.evaluate(plotted)) == 2:
+                    break
+                page.wait_for_timeout(100)
+            assert page.evaluate(plotted) == [1, 2]
+        finally:
+            browser.close()

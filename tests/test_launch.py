@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -76,6 +77,65 @@ def test_it_comes_up_on_the_embedded_defaults_and_stops_cleanly_on_ctrl_c(app):
     assert "Stopped." in app.output()
     assert not _port_open(app.port) and not _port_open(redis_port)
     assert not state.exists()
+
+
+def _web_processes_of(launcher_pid: int) -> list[int]:
+    """The launcher's Daphne children, from /proc: their parent and their command line."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == launcher_pid and b"config.serve" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _get(url: str) -> int:
+    # Generous: the launcher says "up" once one process answers, and on a busy machine the
+    # other may still be starting when the first is stopped; its answer then waits for it.
+    with urllib.request.urlopen(url, timeout=90) as response:
+        return response.status
+
+
+def test_several_web_processes_serve_one_port_and_any_one_of_them_answers(tmp_path):
+    """WEB_PROCESSES Daphne processes share the port: with one of them stopped dead
+    (SIGSTOP: it accepts nothing), every request is still answered, by the other."""
+    app = AppProcess(tmp_path / "data", {"WEB_PROCESSES": "2"})
+    try:
+        app.wait_until_up()
+        assert "(2 web processes;" in app.output()
+        servers = _web_processes_of(app.process.pid)
+        assert len(servers) == 2
+        for frozen in servers:
+            os.kill(frozen, signal.SIGSTOP)
+            try:
+                assert [_get(f"{app.url}/login/") for _ in range(6)] == [200] * 6
+            finally:
+                os.kill(frozen, signal.SIGCONT)
+        assert app.interrupt() == 0
+        assert not any(Path(f"/proc/{pid}").exists() for pid in servers)
+    finally:
+        app.stop()
+
+
+def test_bad_web_process_counts_and_a_taken_port_are_refused_before_anything_starts(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+    env["DATA_DIR"] = str(tmp_path / "data")
+    for count in ("0", "two", "-1"):
+        refused = subprocess.run([sys.executable, "-m", "config.launch", "--web-processes", count], cwd=ROOT,
+                                 env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert refused.returncode == 2 and f"1 or more, not '{count}'" in refused.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = subprocess.run([sys.executable, "-m", "config.launch", "--port", str(port)], cwd=ROOT,
+                                 env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and f"Cannot listen on 127.0.0.1:{port}: Address already in use" in refused.stderr
+    assert not (tmp_path / "data").exists()  # nothing started, nothing written
 
 
 def test_no_other_local_user_reads_the_database_the_quick_start_writes(app, tmp_path):

@@ -176,7 +176,10 @@ def test_the_sweep_page_shows_progress_rows_and_the_chart(logged_in_client, star
     assert 'id="candidate-1"' in html and "1.50×" in html
     assert '<progress value="1" max="3">' in html
     assert f'data-last-seq="{Sweep.objects.get(pk=started_sweep.pk).last_seq}"' in html
-    assert 'id="sweep-figure"' in html
+    # The chart's figure comes after the page, from the chart's JSON.
+    assert f'data-figure-url="{reverse("sweep_chart", args=[started_sweep.pk])}"' in html
+    chart = logged_in_client.get(reverse("sweep_chart", args=[started_sweep.pk])).json()
+    assert [trace["y"] for trace in chart["data"]] == [[1.5], [1.1], [], []]  # the sweep's four workloads
 
 
 def test_the_results_partial_returns_rows_after_a_number_without_the_page(logged_in_client, started_sweep):

@@ -29,9 +29,22 @@
     return plotted;
   }
 
+  // Results that came before the chart's figure did: it is fetched after the page, and
+  // may have been read before them. Added once it is drawn (a number it has is skipped).
+  const waiting = [];
+  const chartElement = document.getElementById("sweep-chart");
+  if (chartElement) {
+    chartElement.addEventListener("figure:drawn", function () {
+      waiting.splice(0).forEach(extendChart);
+    });
+  }
+
   function extendChart(payload) {
     const el = chart();
-    if (!el) return;
+    if (!el) {
+      waiting.push(payload);
+      return;
+    }
     const seen = plottedNumbers(el);
     if (seen.has(payload.number)) return;
     const xs = [], ys = [], indices = [];

@@ -1,0 +1,148 @@
+"""The sweep, review and dashboard pages' own work: queries that do not grow with what a
+page lists (an N+1 coming back fails here), and the fragments kept in the cache, drawn
+once for what they show and drawn again when that changes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from research import result_rows, workspace
+from research.models import Candidate, Measurement
+from tests.reviewing import (make_reviewer, make_thesis, people, record, recorded_result, start_sweep,  # noqa: F401
+                             no_enqueue, waiting_win, workspace_dir)
+
+pytestmark = pytest.mark.django_db
+
+# What differs between two renders of one page by design: the CSRF token of each answer.
+_PER_ANSWER = re.compile(r'(csrfmiddlewaretoken" value=|"X-CSRFToken": |nonce=)"[^"]*"')
+
+
+def _speedups(number: int) -> tuple[float, ...]:
+    return (1.0 + number / 100, 1.24, 1.02, 0.97 - number / 1000)
+
+
+def _recorded_sweep(people, results: int):
+    sweep = start_sweep(make_thesis(people.author, title=f"{results} results"), people.producer, budget=results)
+    for candidate in sweep.candidates.order_by("number"):
+        record(candidate, recorded_result(_speedups(candidate.number)))
+    return sweep
+
+
+def _queries(client, url: str) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url)
+    assert response.status_code == 200, url
+    return len(queries.captured_queries)
+
+
+def _page(client, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200
+    return _PER_ANSWER.sub("", response.content.decode())
+
+
+@pytest.fixture
+def reviewer_client(client, people):
+    client.force_login(people.reviewer)
+    return client
+
+
+def test_the_sweep_page_asks_as_many_queries_for_3_results_as_for_24(people, workspace_dir, no_enqueue,
+                                                                     reviewer_client):
+    small, large = _recorded_sweep(people, 3), _recorded_sweep(people, 24)
+    for url in (small.get_absolute_url(), reverse("sweep_results", args=[small.pk])):
+        reviewer_client.get(url)  # the first request of a process fills what it keeps
+    for small_url, large_url in [(small.get_absolute_url(), large.get_absolute_url()),
+                                 (reverse("sweep_results", args=[small.pk]), reverse("sweep_results", args=[large.pk])),
+                                 (reverse("sweep_chart", args=[small.pk]), reverse("sweep_chart", args=[large.pk]))]:
+        assert _queries(reviewer_client, small_url) == _queries(reviewer_client, large_url), large_url
+
+
+def test_the_review_page_and_dashboard_ask_no_more_queries_as_wins_and_sweeps_add_up(people, workspace_dir,
+                                                                                     no_enqueue, reviewer_client):
+    def another_win(title: str) -> Candidate:
+        return record(start_sweep(make_thesis(people.author, title=title), people.producer).candidates.get(number=1),
+                      recorded_result())
+
+    first = another_win("First")
+    another_win("Second")  # the review page has one to compare with, so asks about it
+    review, dashboard = reverse("candidate_review", args=[first.pk]), reverse("dashboard")
+    reviewer_client.get(review)
+    before = _queries(reviewer_client, review), _queries(reviewer_client, dashboard)
+    # Eight more wins of the op: each one the review page offers to compare with, each
+    # thesis and sweep one more line of the dashboard.
+    for n in range(8):
+        another_win(f"Other {n}")
+    assert (_queries(reviewer_client, review), _queries(reviewer_client, dashboard)) == before
+
+
+def test_a_result_row_is_drawn_once_and_again_only_when_what_it_shows_changes(people, workspace_dir, no_enqueue,
+                                                                              reviewer_client, monkeypatch):
+    sweep = _recorded_sweep(people, 3)
+    fresh = _page(reviewer_client, sweep.get_absolute_url())  # every row drawn now
+    drawn: list[int] = []
+    draw = result_rows.render_to_string
+    monkeypatch.setattr(result_rows, "render_to_string",
+                        lambda name, context: drawn.append(context["row"].number) or draw(name, context))
+
+    assert _page(reviewer_client, sweep.get_absolute_url()) == fresh and drawn == []
+    # Candidate 2's speedup on its first workload changes (as a re-record would): that row,
+    # and only it, is drawn again, and the page shows the new figure.
+    Measurement.objects.filter(candidate__sweep=sweep, candidate__number=2, position=0).update(speedup=1.777)
+    changed = _page(reviewer_client, sweep.get_absolute_url())
+    assert drawn == [2] and "1.78×" in changed and changed != fresh
+    # Drawn from the cache or not, the page is the same HTML.
+    cache.clear()
+    drawn.clear()
+    assert _page(reviewer_client, sweep.get_absolute_url()) == changed and drawn == [1, 2, 3]
+
+
+def test_a_result_row_is_drawn_again_when_its_verdict_or_error_changes(people, workspace_dir, no_enqueue,
+                                                                       reviewer_client):
+    sweep = _recorded_sweep(people, 2)
+
+    def row() -> str:
+        return re.search(r'<tr id="candidate-1".*?</tr>', _page(reviewer_client, sweep.get_absolute_url()),
+                         re.S).group(0)
+
+    assert "rejected" not in row()
+    Candidate.objects.filter(sweep=sweep, number=1).update(verdict="rejected", error="the clock guard failed")
+    assert 'class="verdict-rejected"' in row() and "the clock guard failed" in row()
+
+
+def test_a_reviews_diffs_are_made_once_per_pair_of_commits(waiting_win, people, reviewer_client, monkeypatch):
+    url = reverse("candidate_review", args=[waiting_win.pk])
+    fresh = _page(reviewer_client, url)
+    assert 'class="diff code"' in fresh and '<tr class="add">' in fresh
+    made: list[tuple[str, str]] = []
+    diff = workspace.diff
+    monkeypatch.setattr(workspace, "diff", lambda base, head, **kw: made.append((base, head)) or diff(base, head, **kw))
+
+    assert _page(reviewer_client, url) == fresh and made == []
+    cache.clear()
+    # Made again once the cache is gone: the diff shown and the hidden characters the form
+    # asks about (against the kept kernel), and the candidate's own commit.
+    parent = workspace.commit_info(waiting_win.commit)["parents"][0]
+    assert _page(reviewer_client, url) == fresh
+    assert sorted(made) == sorted([(waiting_win.sweep.base_commit, waiting_win.commit)] * 2
+                                  + [(parent, waiting_win.commit)])
+
+
+def test_a_diff_that_could_not_be_made_is_tried_again_on_the_next_visit(waiting_win, reviewer_client, monkeypatch):
+    url = reverse("candidate_review", args=[waiting_win.pk])
+    calls: list[str] = []
+
+    def broken(base, head, **kw):
+        calls.append(head)
+        raise workspace.WorkspaceError("git diff failed: the object store is locked")
+
+    monkeypatch.setattr(workspace, "diff", broken)
+    assert "the object store is locked" in _page(reviewer_client, url)
+    assert "the object store is locked" in _page(reviewer_client, url)
+    assert len(calls) == 4  # the diff shown and the hidden characters, asked of git at each visit
