@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from research import services, workspace
+from research import sweeps, workspace
 from research.models import Candidate, Sweep
 
 
@@ -74,7 +74,7 @@ def retime_start(*, candidate: Candidate, requested_by) -> Candidate:
         if kept.source == locked.source:
             raise ValidationError(f"its source is the kept {kept.name} itself now: nothing to gain", code="kept")
         # Forked from today's main: its diff and its timing have the base a keep needs.
-        return services.sweep_of_one(
+        return sweeps.sweep_of_one(
             thesis=thesis, started_by=requested_by, kernel=sweep.kernel, strategy=Sweep.Strategy.RETIME,
             hardware=sweep.hardware, base_commit=kept.commit, baseline_source=kept.source,
             baseline_kernel=kept.name, context=f"Candidate {locked.label} re-timed against the kept {kept.name}",

@@ -325,6 +325,18 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
 
 @login_required
 @require_GET
+def thesis_path(request: HttpRequest, thesis_id: int) -> HttpResponse:
+    """The thesis page's keep/revert path: a fragment the page asks for as it loads, so
+    research's page shows what reviews decided without research importing reviews."""
+    thesis = research_selectors.thesis_get(thesis_id)
+    return render(request, "reviews/thesis_path.html", {
+        "thesis": thesis,
+        "path_figure": charts.path_figure(selectors.path_points(thesis_id=thesis.pk)),
+    })
+
+
+@login_required
+@require_GET
 def op_detail(request: HttpRequest, op: str) -> HttpResponse:
     if op not in ops.list_ops():
         raise Http404(f"no op {op!r}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from research import evaluation, services
+from research import evaluation, queueing
 from research.models import Candidate
 from reviews.services import candidate_keep
 from tests.celery_worker import cpu_worker, wait_until_finished
@@ -22,7 +22,7 @@ def test_after_a_keep_the_next_evaluation_is_timed_against_the_kept_kernel(works
     people = make_people()
     thesis = make_thesis(people.author, context_lengths=[64], batch_sizes=[1])
     with monkeypatch.context() as patch:
-        patch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+        patch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
         first = start_sweep(thesis, people.producer, budget=1)
     kept = record(first.candidates.get(), recorded_result(
         (1.3, 1.2), names=["t=64,dtype=float32", "t=64,dtype=bfloat16"]))

@@ -93,7 +93,7 @@ def main() -> None:
         from research import workspace
         from research.importing import results_import
         from research.models import Candidate
-        from research.services import thesis_submit
+        from research.theses import thesis_submit
         from reviews import charts, selectors, services as reviews
 
         workspace.ensure()
