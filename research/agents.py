@@ -35,7 +35,8 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from research import agent_egress, agent_jail, candidates, queueing, sweeps, workspace
+from research import agent_egress, agent_jail, candidates, queueing, sweeps
+import workspace
 from research.agent_context import CONTEXT_FILE, agent_context
 from research.events import event_append
 from research.hardware import HARDWARE

@@ -23,7 +23,8 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from config.ratelimit import RateLimited, rate_limit_hit
-from research import theses, workspace
+from research import theses
+import workspace
 from research.api_tokens import api_token_authenticate
 from research.hardware import HARDWARE, KERNEL_DSLS, MODEL_CONTEXTS
 from research.forms import ThesisForm

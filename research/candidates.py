@@ -14,7 +14,8 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from research import queueing, signals, workspace
+from research import queueing, signals
+import workspace
 from research.events import event_append
 from research.models import Candidate, GuardFinding, Measurement, Sweep
 from research.provenance import worker_provenance

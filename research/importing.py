@@ -17,7 +17,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from research import candidates, sweeps, workspace
+from research import candidates, sweeps
+import workspace
 from research.events import event_append
 from research.hardware import HARDWARE
 from research.models import ApiToken, Sweep, Thesis

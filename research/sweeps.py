@@ -17,7 +17,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from research import proposers, queueing, workspace
+from research import proposers, queueing
+import workspace
 from research.candidates import candidates_add, verdict_tally
 from research.events import event_append
 from research.hardware import HARDWARE
@@ -84,6 +85,8 @@ def sweep_start(
             "choose its own hardware, or file a thesis with workloads this hardware runs"
         )}) from exc
     if strategy == Sweep.Strategy.AGENT:
+        # research.agents builds on this module (it stops, forks and continues sweeps): it
+        # is imported when an agent sweep needs it, never while this one loads.
         from research.agents import agent_sweep_start
 
         return agent_sweep_start(thesis=thesis, started_by=started_by, kernel=kernel, budget=budget,
@@ -186,7 +189,7 @@ def sweep_continue(*, sweep_id: int) -> Sweep:
         in_flight = planned.filter(status__in=[Candidate.Status.QUEUED, Candidate.Status.RUNNING]).count()
         if sweep.strategy == Sweep.Strategy.AGENT:
             # One proposal at a time: the agent is asked again once the last one's result is in.
-            from research import agents
+            from research import agents  # at call time, as in sweep_start
 
             if agents.proposal_wanted(sweep):
                 transaction.on_commit(lambda: queueing.proposal_enqueue(sweep_id))

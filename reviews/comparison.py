@@ -23,7 +23,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from research import provenance, sweeps, workspace
+from research import provenance, sweeps
+import workspace
 from research.models import Candidate, GuardFinding, Sweep
 from reviews import retiming
 from reviews.diffs import FileDiff

@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from research import workspace
+import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, GuardFinding, Sweep, Thesis
 from reviews.diffs import FileDiff, hidden_characters, render_diff

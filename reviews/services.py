@@ -18,7 +18,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from research import workers, workspace
+from research import workers
+import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from research.provenance import is_imported

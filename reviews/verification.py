@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
-from research import sweeps, workspace
+from research import sweeps
+import workspace
 from research.models import Candidate, Sweep
 from research.provenance import is_imported
 from reviews.models import DECIDE_PERMISSION

@@ -15,7 +15,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from config.ratelimit import rate_limited
-from research import provenance, workspace
+from research import provenance
+import workspace
 from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown

@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("research", "reviews", "webhooks", "config", "runners")
+PACKAGES = ("research", "reviews", "webhooks", "config", "runners", "workspace")
 
 
 def _sources() -> dict[str, str]:

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from research import agents, candidates, queueing, sweeps
+from research import candidates, queueing, sweeps
 from research.models import Candidate, Event, Sweep
 from research.recovery import PROPOSAL_RESENT, REQUEUED, stranded_resend
 from research.sweep_control import sweep_pause, sweep_resume

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 
 from research import candidates
-from research import workspace
+import workspace
 from research.models import Candidate, GuardFinding
 from runners.ops import get_op
 from reviews import selectors, services

@@ -14,7 +14,8 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from research import candidates, queueing, sweeps, workspace
+from research import candidates, queueing, sweeps
+import workspace
 from research.models import Candidate, Event, Sweep
 from research.proposers import point_key
 from tests.reviewing import record, recorded_result

@@ -20,7 +20,8 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.cache import cache
 from django.core.management import CommandError, call_command
 
-from research import candidates, provenance, queueing, sweep_control, workers, workspace
+from research import candidates, provenance, queueing, sweep_control, workers
+import workspace
 from research.models import Candidate, Sweep
 from research.tasks import evaluate_candidate
 from reviews import selectors

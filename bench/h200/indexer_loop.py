@@ -90,7 +90,7 @@ def main() -> None:
         from django.contrib.auth import get_user_model
         from django.contrib.auth.models import Permission
 
-        from research import workspace
+        import workspace
         from research.importing import results_import
         from research.models import Candidate
         from research.theses import thesis_submit
