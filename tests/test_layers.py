@@ -8,6 +8,8 @@ Read from the source with `ast`, nothing imported, imports inside functions incl
 - nothing imports research.tasks: the tasks import the services, and the services send
   tasks by name (research.queueing), so there is no circle through them;
 - the modules import each other without a circle when they are loaded.
+
+Every import names its module in full, so nothing escapes these checks.
 """
 
 from __future__ import annotations
@@ -35,11 +37,10 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _imports(module: str, tree: ast.Module, known: set[str]) -> list[tuple[str, str, int, bool]]:
+def _imports(tree: ast.Module, known: set[str]) -> list[tuple[str, str, int, bool]]:
     """(imported module, name taken from it or "", line, at load time) for each import
-    of a module in `known`; "at load time" is False inside a function."""
-    package = module if module in known and any(m.startswith(module + ".") for m in known) \
-        else module.rpartition(".")[0]
+    of the project; "at load time" is False inside a function. A relative import is
+    returned as module "." (the project names its modules in full)."""
     found = []
 
     def visit(node: ast.AST, loading: bool) -> None:
@@ -48,19 +49,13 @@ def _imports(module: str, tree: ast.Module, known: set[str]) -> list[tuple[str, 
             if isinstance(child, ast.Import):
                 found.extend((alias.name, "", child.lineno, loading) for alias in child.names
                              if alias.name.split(".")[0] in PACKAGES)
-            elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1]
-                                    + ([base] if base else []))
-                if base.split(".")[0] not in PACKAGES:
-                    continue
+            elif isinstance(child, ast.ImportFrom) and child.level:
+                found.append((".", "", child.lineno, loading))
+            elif isinstance(child, ast.ImportFrom) and child.module.split(".")[0] in PACKAGES:
                 for alias in child.names:
-                    submodule = f"{base}.{alias.name}"
-                    if submodule in known:
-                        found.append((submodule, "", child.lineno, loading))
-                    else:
-                        found.append((base, alias.name, child.lineno, loading))
+                    submodule = f"{child.module}.{alias.name}"
+                    found.append((submodule, "", child.lineno, loading) if submodule in known
+                                 else (child.module, alias.name, child.lineno, loading))
             visit(child, inner)
 
     visit(tree, True)
@@ -90,8 +85,10 @@ def layer_violations(sources: dict[str, str]) -> list[str]:
     graph: dict[str, set[str]] = {name: set() for name in sources}
     for module, source in sources.items():
         tree = ast.parse(source)
-        for imported, name, line, loading in _imports(module, tree, known):
+        for imported, name, line, loading in _imports(tree, known):
             where = f"{module}:{line}"
+            if imported == ".":
+                problems.append(f"{where} a relative import: name the module in full")
             if module.split(".")[0] == "research" and imported.split(".")[0] == "reviews":
                 problems.append(f"{where} research imports {imported} (reviews builds on research)")
             if name and _is_private(name) and imported != module:
@@ -156,6 +153,11 @@ def test_a_private_name_taken_from_another_module_is_caught_both_ways():
     assert layer_violations(sources) == [
         "research.agents:2 imports research.candidates._geomean, a private name",
         "research.agents:3 uses research.sweeps._sweep_stop, a private name"]
+
+
+def test_a_relative_import_is_refused_rather_than_left_unread():
+    assert layer_violations({"research.sweeps": "from .candidates import _geomean\n"}) == [
+        "research.sweeps:1 a relative import: name the module in full"]
 
 
 def test_importing_the_tasks_is_caught_and_a_load_time_circle_is_named():
