@@ -258,19 +258,19 @@ def session_cookie(user) -> tuple[str, str]:
 
 def keep_evaluations_here() -> None:
     """This process records the results itself: no evaluation is handed to a worker's queue."""
-    from research import services
+    from research import queueing
 
-    services._enqueue_evaluations = lambda candidate_ids, queue: None
+    queueing.evaluations_enqueue = lambda candidate_ids, queue: None
 
 
 def sweep_of(author, candidates: int):
     """A grid sweep of rmsnorm's `blocked` kernel filed and started by `author` through the
     services, grown to `candidates` queued candidates (all with the first one's point)."""
-    from research import services
+    from research import sweeps, theses
 
-    thesis = services.thesis_submit(author=author, title="bench", idea="bench", op="rmsnorm",
-                                    hardware="cpu", required_dsl="torch")
-    sweep = services.sweep_start(thesis=thesis, started_by=author, kernel="blocked", strategy="grid", budget=1)
+    thesis = theses.thesis_submit(author=author, title="bench", idea="bench", op="rmsnorm",
+                                  hardware="cpu", required_dsl="torch")
+    sweep = sweeps.sweep_start(thesis=thesis, started_by=author, kernel="blocked", strategy="grid", budget=1)
     template = sweep.candidates.get()
     sweep.candidates.model.objects.bulk_create(
         sweep.candidates.model(sweep=sweep, number=n, params=template.params, source=template.source)
@@ -299,14 +299,14 @@ def synthetic_result(number: int, workloads: list[str]) -> dict:
 def sweep_with_results(author, results: int):
     """A sweep of `results` candidates, each claimed and recorded through the services
     exactly as workers do (events included)."""
-    from research import selectors, services
+    from research import candidates, selectors
 
     sweep = sweep_of(author, results)
     workloads = selectors.sweep_workload_names(sweep)
     for candidate in sweep.candidates.order_by("number"):
-        services.candidate_claim(candidate_id=candidate.pk)
-        services.candidate_record_result(candidate_id=candidate.pk,
-                                         result=synthetic_result(candidate.number, workloads))
+        candidates.candidate_claim(candidate_id=candidate.pk)
+        candidates.candidate_record_result(candidate_id=candidate.pk,
+                                           result=synthetic_result(candidate.number, workloads))
     return sweep
 
 

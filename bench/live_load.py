@@ -155,17 +155,17 @@ class Producer:
         """Produce until `events` events committed (or told to stop); returns the seconds it took."""
         from django.db import connection
 
-        from research import services
+        from research import candidates
 
         self.started = time.perf_counter()
         try:
             for candidate in self.sweep.candidates.order_by("number"):
                 if not self._next_is_due():
                     break
-                services.candidate_claim(candidate_id=candidate.pk)
+                candidates.candidate_claim(candidate_id=candidate.pk)
                 if not self._next_is_due():
                     break
-                services.candidate_record_result(
+                candidates.candidate_record_result(
                     candidate_id=candidate.pk, result=_common.synthetic_result(candidate.number, self.workloads))
             return time.perf_counter() - self.started
         finally:

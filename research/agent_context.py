@@ -14,7 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from research import workspace
+import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from runners import ops

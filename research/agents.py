@@ -7,8 +7,8 @@ and its diff against the base is checked before anything is evaluated. A change
 outside the thesis's allowed paths, a kernel that is not Python, is not written in the
 required DSL or changes what the harness holds fixed (`runners.harness.protected`) is
 refused with its reason; anything else becomes a candidate through
-`services.candidates_add`. Refused proposals count toward the budget, and the next
-proposal is asked for once the last one's result is in (`services.sweep_continue`).
+`candidates.candidates_add`. Refused proposals count toward the budget, and the next
+proposal is asked for once the last one's result is in (`sweeps.sweep_continue`).
 
 Only commands an administrator declared (`AGENT_COMMANDS`, a TOML file of
 name = "command line", or of tables that also say what the jail lets it reach) can run:
@@ -35,7 +35,8 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from research import agent_egress, agent_jail, services, workspace
+from research import agent_egress, agent_jail, candidates, queueing, sweeps
+import workspace
 from research.agent_context import CONTEXT_FILE, agent_context
 from research.events import event_append
 from research.hardware import HARDWARE
@@ -109,14 +110,8 @@ def agent_sweep_start(*, thesis: Thesis, started_by, kernel: str, budget: int, h
         sweep.refresh_from_db()
         event_append(sweep_id=sweep.pk, type="sweep.created",
                      payload={"kernel": kernel, "strategy": AGENT, "total": sweep.total, "done": 0})
-        transaction.on_commit(lambda: proposal_enqueue(sweep.pk))
+        transaction.on_commit(lambda: queueing.proposal_enqueue(sweep.pk))
     return sweep
-
-
-def proposal_enqueue(sweep_id: int) -> None:
-    from research.tasks import propose_with_agent
-
-    propose_with_agent.apply_async(args=[sweep_id], queue="default")
 
 
 def proposal_in_flight(sweep: Sweep) -> Event | None:
@@ -177,7 +172,7 @@ def _proposal_claim(*, sweep_id: int, task_id: str) -> tuple[Sweep, int] | None:
                 or planned.count() >= sweep.total:
             return None
         if sweep.agent_command not in agent_commands().values():
-            services._sweep_stop(sweep, "its agent command is no longer declared (AGENT_COMMANDS_FILE)")
+            sweeps.sweep_stop(sweep, "its agent command is no longer declared (AGENT_COMMANDS_FILE)")
             return None
         if Sweep.objects.filter(pk=sweep.pk, status=Sweep.Status.QUEUED).update(status=Sweep.Status.RUNNING):
             event_append(sweep_id=sweep.pk, type="sweep.started", payload={"total": sweep.total})
@@ -279,7 +274,7 @@ def proposal_run(*, sweep: Sweep, proposal_number: int) -> Proposal:
     """Run the sweep's agent once in a scratch clone and judge its diff (no evaluation)."""
     thesis = sweep.thesis
     kernel_file = workspace.kept_path(thesis.op, sweep.hardware)
-    fork, kernel_source = services._sweep_fork(sweep)
+    fork, kernel_source = sweeps.sweep_fork(sweep)
     # Removed whatever happens, even if the agent left files it made read-only.
     with tempfile.TemporaryDirectory(prefix=f"kernel-lab-agent-{sweep.pk}-", ignore_cleanup_errors=True) as scratch:
         checkout = Path(scratch) / "checkout"
@@ -358,9 +353,9 @@ def _proposal_record(*, sweep_id: int, proposal: Proposal) -> None:
         if proposal.refusal:
             _candidate_refuse(sweep=sweep, number=number, params=params, proposal=proposal)
             return
-        fork, kernel_source = services._sweep_fork(sweep)
-        services.candidates_add(sweep=sweep, kernel_source=kernel_source, fork=fork, points=[params],
-                                sources=[proposal.source], proposed_by=AGENT)
+        fork, kernel_source = sweeps.sweep_fork(sweep)
+        candidates.candidates_add(sweep=sweep, kernel_source=kernel_source, fork=fork, points=[params],
+                                  sources=[proposal.source], proposed_by=AGENT)
         kernel_file = workspace.kept_path(sweep.thesis.op, sweep.hardware)
         event_append(sweep_id=sweep.pk, type=PROPOSED, payload={
             "number": number, "params": params,
@@ -379,8 +374,8 @@ def _candidate_refuse(*, sweep: Sweep, number: int, params: dict, proposal: Prop
     sweep.refresh_from_db()
     event_append(sweep_id=sweep.pk, type=REFUSED, payload={
         "number": number, "params": params, "refusal": proposal.refusal,
-        "done": sweep.done, "total": sweep.total, **services._verdict_tally(sweep),
+        "done": sweep.done, "total": sweep.total, **candidates.verdict_tally(sweep),
     })
-    services._sweep_finish_if_done(sweep)
+    sweeps.sweep_finish_if_done(sweep)
     if sweep.done < sweep.total:
-        transaction.on_commit(lambda: services.sweep_continue(sweep_id=sweep.pk))
+        transaction.on_commit(lambda: sweeps.sweep_continue(sweep_id=sweep.pk))

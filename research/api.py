@@ -2,7 +2,7 @@
 /api/openapi.json, docs at /api/docs.
 
 Bearer tokens (research.api_tokens). Like the views, the endpoints only translate:
-filing a thesis goes through the browser form and services.thesis_submit, a results
+filing a thesis goes through the browser form and theses.thesis_submit, a results
 file through research.importing.
 """
 
@@ -23,7 +23,8 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from config.ratelimit import RateLimited, rate_limit_hit
-from research import services, workspace
+from research import theses
+import workspace
 from research.api_tokens import api_token_authenticate
 from research.hardware import HARDWARE, KERNEL_DSLS, MODEL_CONTEXTS
 from research.forms import ThesisForm
@@ -265,7 +266,7 @@ def thesis_create(request: HttpRequest, data: Form[ThesisIn],
     if not form.is_valid():
         errors = {field: [str(m) for m in messages] for field, messages in form.errors.items()}
         raise ValidationError(errors)
-    thesis = services.thesis_submit(author=request.user, **form.cleaned_data)
+    thesis = theses.thesis_submit(author=request.user, **form.cleaned_data)
     return Status(201, _thesis_out(thesis))
 
 

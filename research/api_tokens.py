@@ -14,7 +14,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
 from research.models import ApiToken
-from research.services import refuse_hidden_characters
+from research.theses import refuse_hidden_characters
 
 TOKEN_PREFIX = "kl_"
 # "kl_" and 8 characters: enough to tell one's tokens apart, too few to guess the rest.

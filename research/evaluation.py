@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from research.services import harness_failure
+from research.candidates import harness_failure
 
 PROJECT_ROOT = Path(settings.BASE_DIR)
 

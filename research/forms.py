@@ -10,7 +10,8 @@ from research.hardware import HARDWARE_CHOICES, KERNEL_DSLS, MODEL_CONTEXTS
 from research.models import Sweep
 from research import held_uploads, proposers
 from research.agents import agent_commands
-from research.services import MAX_SWEEP_BUDGET, MAX_SWEEP_TIME_BUDGET_S, Upload
+from research.sweeps import MAX_SWEEP_BUDGET, MAX_SWEEP_TIME_BUDGET_S
+from research.theses import Upload
 from runners import ops
 
 MAX_LIST_ITEMS = 64

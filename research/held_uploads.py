@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from django.core.cache import cache
 
-from research.services import Upload
+from research.theses import Upload
 
 HOLD_S = 30 * 60
 MAX_HELD_BYTES = 8 * 1024 * 1024

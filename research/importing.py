@@ -17,7 +17,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from research import services, workspace
+from research import candidates, sweeps
+import workspace
 from research.events import event_append
 from research.hardware import HARDWARE
 from research.models import ApiToken, Sweep, Thesis
@@ -122,8 +123,8 @@ def _check_against_thesis(parsed: results_file.ResultsFile, thesis: Thesis, hard
         if failed is not None:
             raise _refuse(f"line {line}: candidate {candidate.number} fails the {failed.name} check a "
                           f"worker runs: {failed.detail}")
-    if len(parsed.candidates) > services.MAX_SWEEP_BUDGET:
-        raise _refuse(f"{len(parsed.candidates)} candidates; a sweep has at most {services.MAX_SWEEP_BUDGET}")
+    if len(parsed.candidates) > sweeps.MAX_SWEEP_BUDGET:
+        raise _refuse(f"{len(parsed.candidates)} candidates; a sweep has at most {sweeps.MAX_SWEEP_BUDGET}")
 
 
 def _context(sha256: str, header: dict) -> str:
@@ -185,7 +186,7 @@ def results_import(*, thesis: Thesis, imported_by, data: bytes, hardware: str | 
         )
         event_append(sweep_id=sweep.pk, type="sweep.created", payload={
             "kernel": sweep.kernel, "strategy": sweep.strategy, "total": sweep.total, "done": 0})
-        services.candidates_add(
+        candidates.candidates_add(
             sweep=sweep, kernel_source=header["kernel_source"], fork=None,
             points=[line.params for line in parsed.candidates],
             sources=[line.source for line in parsed.candidates], proposed_by=header["strategy"],

@@ -16,7 +16,7 @@ nothing would ever come: the sweep would wait forever.
 - an agent sweep that wants its next proposal, has recorded nothing for
   RECOVER_AFTER_S, and whose queue ("default") is empty.
 
-A re-sent evaluation carries a fresh dispatch token (services._enqueue_evaluations),
+A re-sent evaluation carries a fresh dispatch token (research.queueing.evaluations_enqueue),
 so the old message, should it turn up after all, claims nothing; a second proposal
 message finds the first one's claim and does nothing. Of several workers recovering
 at once, a conditional update lets one re-send each piece of work.
@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from research import services
+from research import agents, candidates, queueing
 from research.events import event_append
 from research.models import Candidate, Sweep
 
@@ -82,8 +82,8 @@ def _resend_running(cutoff, recovered: Recovered) -> None:
     stale = Candidate.objects.filter(status=Candidate.Status.RUNNING, started_at__lt=cutoff,
                                      sweep__status__in=[*_ACTIVE, Sweep.Status.PAUSED])
     for candidate in stale.select_related("sweep"):
-        if candidate.attempts >= services.MAX_ATTEMPTS:
-            if services.candidate_fail_if_out_of_attempts(candidate.pk, candidate.dispatch):
+        if candidate.attempts >= candidates.MAX_ATTEMPTS:
+            if candidates.candidate_fail_if_out_of_attempts(candidate.pk, candidate.dispatch):
                 recovered.failed.append(candidate.pk)
             continue
         with transaction.atomic():
@@ -118,12 +118,10 @@ def _requeued(candidate: Candidate, reason: str) -> None:
     sweep = candidate.sweep
     event_append(sweep_id=sweep.pk, type=REQUEUED, payload={"number": candidate.number, "reason": reason})
     if sweep.status != Sweep.Status.PAUSED:
-        transaction.on_commit(lambda: services._enqueue_evaluations([candidate.pk], sweep.queue))
+        transaction.on_commit(lambda: queueing.evaluations_enqueue([candidate.pk], sweep.queue))
 
 
 def _resend_proposals(cutoff, queue_length, recovered: Recovered) -> None:
-    from research import agents
-
     sweeps = Sweep.objects.filter(strategy=Sweep.Strategy.AGENT, status__in=_ACTIVE, stop_reason="")
     for sweep in sweeps:
         last = sweep.events.order_by("-seq").first()
@@ -140,5 +138,5 @@ def _resend_proposals(cutoff, queue_length, recovered: Recovered) -> None:
             # worker's prefetch is not sent again on every pass.
             event_append(sweep_id=sweep.pk, type=PROPOSAL_RESENT,
                          payload={"reason": "the message asking for its next proposal was lost"})
-            transaction.on_commit(lambda sweep_id=sweep.pk: agents.proposal_enqueue(sweep_id))
+            transaction.on_commit(lambda sweep_id=sweep.pk: queueing.proposal_enqueue(sweep_id))
         recovered.proposals.append(sweep.pk)

@@ -17,7 +17,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from research import services
+from research import queueing, sweeps
 from research.events import event_append
 from research.models import Candidate, Sweep
 
@@ -102,10 +102,10 @@ def sweep_resume(*, sweep: Sweep, by) -> Sweep:
         queue = sweep.queue
         # A message still in the broker from before the pause may also be delivered:
         # the second claim of a candidate finds it running and records it only once.
-        transaction.on_commit(lambda: services._enqueue_evaluations(queued, queue))
+        transaction.on_commit(lambda: queueing.evaluations_enqueue(queued, queue))
     # After the commit (and outside it: it takes the workspace lock first), so a
     # model-based sweep proposes its next candidates, or a stop rule ends it.
-    services.sweep_continue(sweep_id=sweep.pk)
+    sweeps.sweep_continue(sweep_id=sweep.pk)
     sweep.refresh_from_db()
     return sweep
 

@@ -15,7 +15,7 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from research import agents, recovery, services
+from research import agents, candidates, recovery
 from research.evaluation import evaluate_source
 from research.hardware import HARDWARE
 from research.provenance import worker_provenance
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def evaluate_candidate(candidate_id: int, dispatch: str) -> None:
-    candidate = services.candidate_claim(candidate_id=candidate_id, dispatch=dispatch)
+    candidate = candidates.candidate_claim(candidate_id=candidate_id, dispatch=dispatch)
     if candidate is None:
         return  # already recorded, given up on, sent again, or its sweep is paused or cancelled
     sweep = candidate.sweep
@@ -40,8 +40,8 @@ def evaluate_candidate(candidate_id: int, dispatch: str) -> None:
         baseline_source=sweep.baseline_source,
         baseline_kernel=sweep.baseline_kernel,
     )
-    services.candidate_record_result(candidate_id=candidate_id, result=result,
-                                     provenance=worker_provenance(queue=sweep.queue))
+    candidates.candidate_record_result(candidate_id=candidate_id, result=result,
+                                       provenance=worker_provenance(queue=sweep.queue))
 
 
 @shared_task(bind=True)

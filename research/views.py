@@ -12,13 +12,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from config.ratelimit import rate_limited
-from research import (agent_context, api_tokens, charts, exports, result_rows, selectors, services, sweep_control,
-                      workers)
+from research import (agent_context, api_tokens, charts, exports, result_rows, selectors, sweep_control, sweeps,
+                      theses, workers)
 from research.forms import ApiTokenForm, SweepForm, ThesisEditForm, ThesisForm
 from research.markdown import render_markdown
 from research.models import ApiToken, Candidate, Sweep
-from reviews import charts as review_charts
-from reviews import selectors as review_selectors
 
 
 def _redirect(request: HttpRequest, url: str) -> HttpResponse:
@@ -51,7 +49,7 @@ def thesis_new(request: HttpRequest) -> HttpResponse:
     form = ThesisForm(request.POST or None, request.FILES or None, user_id=request.user.pk)
     if request.method == "POST" and form.is_valid():
         try:
-            thesis = services.thesis_submit(author=request.user, **form.cleaned_data)
+            thesis = theses.thesis_submit(author=request.user, **form.cleaned_data)
         except ValidationError as error:
             _add_errors(form, error)
         else:
@@ -80,7 +78,7 @@ def thesis_edit(request: HttpRequest, thesis_id: int) -> HttpResponse:
     if request.method == "GET":
         # A form that can only be refused on save is not offered (the link is hidden too).
         try:
-            services.thesis_edit_check(thesis=thesis, edited_by=request.user)
+            theses.thesis_edit_check(thesis=thesis, edited_by=request.user)
         except ValidationError as error:
             messages.error(request, " ".join(error.messages))
             return redirect(thesis.get_absolute_url())
@@ -88,7 +86,7 @@ def thesis_edit(request: HttpRequest, thesis_id: int) -> HttpResponse:
         "title": thesis.title, "idea": thesis.idea, "forbidden_changes": thesis.forbidden_changes})
     if request.method == "POST" and form.is_valid():
         try:
-            services.thesis_edit(thesis=thesis, edited_by=request.user, **form.cleaned_data)
+            theses.thesis_edit(thesis=thesis, edited_by=request.user, **form.cleaned_data)
         except ValidationError as error:
             _add_errors(form, error)
         else:
@@ -102,7 +100,7 @@ def thesis_edit(request: HttpRequest, thesis_id: int) -> HttpResponse:
 def thesis_archive(request: HttpRequest, thesis_id: int, archived: bool) -> HttpResponse:
     thesis = selectors.thesis_get(thesis_id)
     try:
-        services.thesis_archive(thesis=thesis, by=request.user, archived=archived)
+        theses.thesis_archive(thesis=thesis, by=request.user, archived=archived)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
     else:
@@ -120,7 +118,6 @@ def _thesis_context(thesis, sweep_form: SweepForm) -> dict:
         "evidence_figure": charts.evidence_kernel_time_figure(summary) if summary else None,
         "sweeps": thesis.sweeps.all(),
         "sweep_form": sweep_form,
-        "path_figure": review_charts.path_figure(review_selectors.path_points(thesis_id=thesis.pk)),
         "packs": [*agent_context.packs_for(hardware=thesis.hardware, model_context=thesis.model_context),
                   "reward-hacks.md"],
     }
@@ -144,7 +141,7 @@ def sweep_start(request: HttpRequest, thesis_id: int) -> HttpResponse:
     form = SweepForm(request.POST, kernels=selectors.thesis_kernels(thesis))
     if form.is_valid():
         try:
-            sweep = services.sweep_start(thesis=thesis, started_by=request.user, **form.cleaned_data)
+            sweep = sweeps.sweep_start(thesis=thesis, started_by=request.user, **form.cleaned_data)
         except ValidationError as error:
             _add_errors(form, error)
         else:

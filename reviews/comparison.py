@@ -23,7 +23,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from research import provenance, services, workspace
+from research import provenance, sweeps
+import workspace
 from research.models import Candidate, GuardFinding, Sweep
 from reviews import retiming
 from reviews.diffs import FileDiff
@@ -316,7 +317,7 @@ def head_to_head_start(*, challenged: Candidate, challenger: Candidate, requeste
         sweep = challenger.sweep
         # Forked from the challenged win's commit: the run's diff on its own page is the
         # change from one to the other, what it was timed against.
-        return services.sweep_of_one(
+        return sweeps.sweep_of_one(
             thesis=sweep.thesis, started_by=requested_by, kernel=sweep.kernel,
             strategy=Sweep.Strategy.HEAD_TO_HEAD, hardware=sweep.hardware, base_commit=challenged.commit,
             baseline_source=challenged.source, baseline_kernel=challenged.sweep.kernel,

@@ -24,7 +24,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from research import evaluation, workers, workspace
+from research import evaluation, workers
+import workspace
 from research.hardware import HARDWARE
 from research.provenance import worker_provenance
 from reviews.charts import compound_figure

@@ -14,7 +14,6 @@ Python split them: a U+2028 cannot start a line the diff's markers do not see.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,37 +24,9 @@ from pygments.lexers.special import TextLexer
 from pygments.token import STANDARD_TYPES
 from pygments.util import ClassNotFound
 
+from research.hidden_characters import MAYBE_HIDDEN, character_name, hidden_characters, is_hidden
+
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)$")
-# Anything but printable ASCII, tab and newline: where a hidden character can be.
-_UNUSUAL = re.compile(r"[^\x20-\x7e\t\n]")
-
-
-# Default-ignorable or blank characters that are not format characters: Hangul fillers
-# and the braille blank render as a letter's width of nothing, variation selectors, the
-# combining grapheme joiner and Khmer's inherent vowels as nothing at all. Python takes
-# most of them inside identifiers, so `hidden\ufe00 = hidden.clamp(-1, 1)` read as a
-# clamp of `hidden` and left it untouched.
-_BLANK_OR_IGNORABLE = re.compile(
-    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
-
-
-def is_hidden(character: str) -> bool:
-    """Renders as nothing, or moves or breaks the text around it."""
-    category = unicodedata.category(character)
-    return (category in ("Cf", "Zl", "Zp") or (category == "Cc" and character not in "\t\n")
-            or _BLANK_OR_IGNORABLE.match(character) is not None)
-
-
-def character_name(character: str) -> str:
-    return f"U+{ord(character):04X} {unicodedata.name(character, 'CONTROL CHARACTER')}"
-
-
-def hidden_characters(text: str) -> list[str]:
-    """The names of the hidden characters in `text`, each once, in order of appearance."""
-    found = (match.group() for match in _UNUSUAL.finditer(text))
-    return list(dict.fromkeys(character_name(c) for c in found if is_hidden(c)))
-
-
 # The highlighter reads a carriage return as a line break and drops a leading byte-order
 # mark, while git's diff splits on newlines only: both stand in for themselves as
 # private-use characters while the file is highlighted, so its lines stay the diff's.
@@ -71,7 +42,7 @@ def _revealed(escaped: str) -> str:
             return character
         return (f'<span class="hidden-char" title="{character_name(character)}">'
                 f'&lt;U+{ord(character):04X}&gt;</span>')
-    return _UNUSUAL.sub(visible, escaped)
+    return MAYBE_HIDDEN.sub(visible, escaped)
 
 
 def _shown(text: str) -> SafeString:

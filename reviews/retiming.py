@@ -2,7 +2,7 @@
 
 A win is measured against the kept kernel of its op and hardware class when its sweep
 started. Once a keep replaces that kernel, the win can no longer be kept (its speedup is
-over a kernel main no longer runs; research.workspace.merge_build refuses it), so it is
+over a kernel main no longer runs; workspace.merge_build refuses it), so it is
 *stale*: it leaves the queue and its count at once (the keep publishes a queue change,
 and pages fetch the list again), and is listed apart with one action, "re-time": a
 RETIME sweep of one candidate, the same source forked from today's main and timed
@@ -16,7 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from research import services, workspace
+from research import sweeps
+import workspace
 from research.models import Candidate, Sweep
 
 
@@ -74,7 +75,7 @@ def retime_start(*, candidate: Candidate, requested_by) -> Candidate:
         if kept.source == locked.source:
             raise ValidationError(f"its source is the kept {kept.name} itself now: nothing to gain", code="kept")
         # Forked from today's main: its diff and its timing have the base a keep needs.
-        return services.sweep_of_one(
+        return sweeps.sweep_of_one(
             thesis=thesis, started_by=requested_by, kernel=sweep.kernel, strategy=Sweep.Strategy.RETIME,
             hardware=sweep.hardware, base_commit=kept.commit, baseline_source=kept.source,
             baseline_kernel=kept.name, context=f"Candidate {locked.label} re-timed against the kept {kept.name}",

@@ -20,7 +20,7 @@ from django.core.cache import cache
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from research import workspace
+import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, GuardFinding, Sweep, Thesis
 from reviews import diffs

@@ -18,11 +18,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from research import workers, workspace
+from research import workers
+import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from research.provenance import is_imported
-from research.services import describe_params
+from research.candidates import describe_params
 from reviews import compounding
 from reviews.live import publish_queue_changed
 from reviews.models import DECIDE_PERMISSION, Review, UnverifiedKeepRequest

@@ -17,6 +17,7 @@ urlpatterns = [
     path("candidates/<int:candidate_id>/compare/<int:other_id>/head-to-head/", views.candidate_head_to_head,
          name="candidate_head_to_head"),
     path("ops/<str:op>/", views.op_detail, name="op_detail"),
+    path("theses/<int:thesis_id>/path/", views.thesis_path, name="thesis_path"),
     path("path/", views.path_team, name="path_team"),
     path("path/compound/", views.path_compound, name="path_compound"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),

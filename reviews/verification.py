@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
-from research import services, workspace
+from research import sweeps
+import workspace
 from research.models import Candidate, Sweep
 from research.provenance import is_imported
 from reviews.models import DECIDE_PERMISSION
@@ -53,7 +54,7 @@ def _measured_the_same(run: Candidate, candidate: Candidate) -> bool:
 
 
 def _lost_worker(run: Candidate) -> bool:
-    """Its worker died under it every attempt (research.services records so): infrastructure,
+    """Its worker died under it every attempt (research.candidates records so): infrastructure,
     not a judgement of the kernel."""
     return bool(run.provenance.get("lost_worker"))
 
@@ -128,7 +129,7 @@ def verification_start(*, candidate: Candidate, requested_by) -> Candidate:
         if len(runs(candidate)) >= MAX_RUNS:
             raise ValidationError(f"asked {MAX_RUNS} times already; none came to a verdict")
         # Forked from the imported commit with the same source: the worker evaluates exactly it.
-        return services.sweep_of_one(
+        return sweeps.sweep_of_one(
             thesis=imported.thesis, started_by=requested_by, kernel=imported.kernel,
             strategy=Sweep.Strategy.VERIFY, hardware=imported.hardware, base_commit=imported.base_commit,
             baseline_source=imported.baseline_source, baseline_kernel=imported.baseline_kernel,

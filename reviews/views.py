@@ -15,7 +15,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from config.ratelimit import rate_limited
-from research import provenance, workspace
+from research import provenance
+import workspace
 from research import selectors as research_selectors
 from research.hardware import HARDWARE
 from research.markdown import render_markdown
@@ -321,6 +322,18 @@ def _review_context(request: HttpRequest, candidate: Candidate, form: DecisionFo
         "compare_choices": comparison.choices(candidate),
         "earlier_reviews": [r for r in selectors.candidate_reviews(candidate) if r.revision != candidate.revision],
     }
+
+
+@login_required
+@require_GET
+def thesis_path(request: HttpRequest, thesis_id: int) -> HttpResponse:
+    """The thesis page's keep/revert path: a fragment the page asks for as it loads, so
+    research's page shows what reviews decided without research importing reviews."""
+    thesis = research_selectors.thesis_get(thesis_id)
+    return render(request, "reviews/thesis_path.html", {
+        "thesis": thesis,
+        "path_figure": charts.path_figure(selectors.path_points(thesis_id=thesis.pk)),
+    })
 
 
 @login_required

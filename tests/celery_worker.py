@@ -18,6 +18,10 @@ from research.models import Sweep
 
 @contextmanager
 def cpu_worker() -> Iterator[None]:
+    # A real worker imports the apps' task modules as it starts (the loader's init_worker);
+    # this in-process one does not, and the services send tasks by name (research.queueing):
+    # a task nothing had imported yet would be refused as unregistered.
+    app.loader.import_default_modules()
     with start_worker(app, pool="solo", perform_ping_check=False, queues=["runner.cpu", "default", "webhooks"],
                       shutdown_timeout=30):
         yield

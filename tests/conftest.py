@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from research import services
+from research import theses
 
 # Hypothesis (the API fuzz) keeps its caches, among them the constants it reads from our
 # source files with their paths, in ./.hypothesis unless told otherwise: a run leaves
@@ -55,6 +55,6 @@ def make_thesis(user):
             "batch_sizes": [1],
         }
         fields.update(overrides)
-        return services.thesis_submit(**fields)
+        return theses.thesis_submit(**fields)
 
     return make

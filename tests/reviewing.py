@@ -17,7 +17,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
-from research import services
+from research import candidates, queueing, sweeps, theses
 from research.models import Candidate, Sweep, Thesis
 
 # The workloads of an rmsnorm thesis on the CPU with context lengths 64, 256, batch 1.
@@ -63,8 +63,8 @@ def recorded_result(speedups=(1.30, 1.24, 1.02, 0.99), *, names=RMSNORM_WORKLOAD
 
 def record(candidate: Candidate, result: dict) -> Candidate:
     """Record a result the way a worker does: claim, then record."""
-    assert services.candidate_claim(candidate_id=candidate.pk) is not None
-    assert services.candidate_record_result(candidate_id=candidate.pk, result=result)
+    assert candidates.candidate_claim(candidate_id=candidate.pk) is not None
+    assert candidates.candidate_record_result(candidate_id=candidate.pk, result=result)
     return Candidate.objects.select_related("sweep__thesis").get(pk=candidate.pk)
 
 
@@ -101,11 +101,11 @@ def make_thesis(author, **overrides) -> Thesis:
         "op": "rmsnorm", "hardware": "cpu", "required_dsl": "torch",
         "context_lengths": [64, 256], "batch_sizes": [1],
     }
-    return services.thesis_submit(**{**fields, **overrides})
+    return theses.thesis_submit(**{**fields, **overrides})
 
 
 def start_sweep(thesis: Thesis, producer, *, budget: int = 2, kernel: str = "blocked") -> Sweep:
-    return services.sweep_start(thesis=thesis, started_by=producer, kernel=kernel, strategy="grid", budget=budget)
+    return sweeps.sweep_start(thesis=thesis, started_by=producer, kernel=kernel, strategy="grid", budget=budget)
 
 
 def create_waiting_win(title: str = "Blocked rmsnorm stays in cache", number: int = 1) -> int:
@@ -114,7 +114,7 @@ def create_waiting_win(title: str = "Blocked rmsnorm stays in cache", number: in
     the module docstring) and committed in the app's workspace. Returns its id. Ada and
     bob are made by the first call and reused by later ones (one app serves the module)."""
     # This process must not hand the sweep to the app's worker: the result is ours.
-    services._enqueue_evaluations = lambda ids, queue: None
+    queueing.evaluations_enqueue = lambda ids, queue: None
     User = get_user_model()
     author = User.objects.filter(username="ada").first() or User.objects.create_user(
         "ada", email="ada@example.com", password="pw-for-tests-only", first_name="Ada", last_name="Lovelace")
@@ -140,7 +140,7 @@ def people(db) -> People:
 @pytest.fixture
 def no_enqueue(monkeypatch):
     # These tests record results themselves; the worker path has its own tests.
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
 
 
 @pytest.fixture

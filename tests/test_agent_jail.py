@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from research import agent_jail, agents, services
+from research import agent_jail, agents, queueing, sweeps
 from tests.test_agents import AGENT, _command, _processes_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,7 +85,7 @@ def test_outside_a_jail_the_probe_reaches_the_secret_the_database_the_broker_and
 def _propose(make_thesis, user, settings, modes: str, **thesis):
     settings.AGENT_COMMANDS = {"scripted": _command(modes)}
     settings.AGENT_TIME_LIMIT_S = 60
-    sweep = services.sweep_start(thesis=make_thesis(**thesis), started_by=user, kernel="blocked",
+    sweep = sweeps.sweep_start(thesis=make_thesis(**thesis), started_by=user, kernel="blocked",
                                  strategy="agent", budget=1, agent_command="scripted")
     claimed, number = agents._proposal_claim(sweep_id=sweep.pk, task_id="jail")
     return agents.proposal_run(sweep=claimed, proposal_number=number)
@@ -94,7 +94,7 @@ def _propose(make_thesis, user, settings, modes: str, **thesis):
 @pytest.fixture
 def quiet(monkeypatch):
     """No proposals are sent to a broker: the tests run them here."""
-    monkeypatch.setattr(agents, "proposal_enqueue", lambda sweep_id: None)
+    monkeypatch.setattr(queueing, "proposal_enqueue", lambda sweep_id: None)
 
 
 def test_in_its_jail_the_probe_reaches_nothing_and_leaves_nothing_running(make_thesis, user, settings, quiet,
@@ -143,7 +143,7 @@ def test_an_agent_runs_as_a_user_of_its_own_with_only_its_declared_environment(m
     monkeypatch.setenv("MODEL_API_KEY", "k3y")
     settings.AGENT_COMMANDS = {"scripted": {"command": _command("whoami"), "env": ["MODEL_API_KEY"]}}
     settings.AGENT_TIME_LIMIT_S = 60
-    sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="agent",
+    sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="agent",
                                  budget=1, agent_command="scripted")
     claimed, number = agents._proposal_claim(sweep_id=sweep.pk, task_id="jail")
     proposal = agents.proposal_run(sweep=claimed, proposal_number=number)
@@ -187,7 +187,7 @@ def test_a_networked_agent_reaches_its_declared_host_and_never_the_workers_loopb
         settings.AGENT_COMMANDS = {"scripted": {"command": _command(f"egress:{broker}:{declared}"),
                                                 "hosts": [f"127.0.0.1:{declared}"]}}
         settings.AGENT_TIME_LIMIT_S = 60
-        sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
+        sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
                                      strategy="agent", budget=1, agent_command="scripted")
         claimed, number = agents._proposal_claim(sweep_id=sweep.pk, task_id="jail")
         proposal = agents.proposal_run(sweep=claimed, proposal_number=number)

@@ -22,7 +22,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from research import workspace
+import workspace
 from research.api_tokens import api_token_create
 from research.models import Candidate, Event, Evidence, Sweep, Thesis
 from runners import space

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from config.celery import app
-from research import workspace
+import workspace
 from research.hardware import HARDWARE
 from research.models import Candidate, Sweep
 from reviews import comparison, retiming, selectors, services

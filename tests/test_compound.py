@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from research import workspace
+import workspace
 from reviews import compounding, services
 from reviews.models import CompoundRun
 from runners.harness import compound

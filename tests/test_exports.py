@@ -16,7 +16,7 @@ import zipfile
 import pytest
 from django.urls import reverse
 
-from research import exports, services
+from research import candidates, exports
 from research.evaluation import evaluate_source
 from research.hardware import HARDWARE
 from research.provenance import worker_provenance
@@ -49,8 +49,8 @@ def test_the_exported_command_repeats_the_workers_run_from_the_unpacked_folder(p
                              context_lengths=thesis.context_lengths, batch_sizes=thesis.batch_sizes,
                              dsl=thesis.required_dsl, baseline_source=sweep.baseline_source,
                              baseline_kernel=sweep.baseline_kernel)
-    assert services.candidate_claim(candidate_id=candidate.pk) is not None
-    services.candidate_record_result(candidate_id=candidate.pk, result=result,
+    assert candidates.candidate_claim(candidate_id=candidate.pk) is not None
+    candidates.candidate_record_result(candidate_id=candidate.pk, result=result,
                                      provenance=worker_provenance(queue=sweep.queue))
     candidate.refresh_from_db()
 

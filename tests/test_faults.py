@@ -32,7 +32,7 @@ from django.test import Client
 
 from config.celery import app
 from config.embedded_redis import free_port
-from research import selectors, services
+from research import candidates, queueing, selectors, sweeps
 from research.events import event_append
 from research.models import Candidate, Event, Sweep
 from research.recovery import REQUEUED
@@ -153,7 +153,7 @@ def private_redis(tmp_path, monkeypatch) -> Iterator[RedisServer]:
             app.amqp.queues[queue](broker.default_channel).declare()
             evaluate_candidate.apply_async(args=[candidate_id, dispatch], queue=queue, connection=broker)
 
-    monkeypatch.setattr(services, "_send_evaluation", send_on_the_private_redis)
+    monkeypatch.setattr(queueing, "evaluation_send", send_on_the_private_redis)
     yield server
     server.stop()
 
@@ -200,7 +200,7 @@ def _descendants(pid: int) -> list[int]:
 def one_candidate(make_thesis, user, private_redis):
     """A sweep of one candidate on one workload, queued for the runner.cpu queue."""
     thesis = make_thesis(context_lengths=[64], batch_sizes=[1])
-    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    sweep = sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
     return sweep.candidates.get()
 
 
@@ -238,7 +238,7 @@ def test_a_candidate_that_kills_its_worker_every_time_ends_failed_after_three_at
 ):
     worker = _worker(tmp_path, "runner", private_redis)
     try:
-        for attempt in range(1, services.MAX_ATTEMPTS + 1):
+        for attempt in range(1, candidates.MAX_ATTEMPTS + 1):
             _wait_for(_running(one_candidate.pk, attempt), 60, f"attempt {attempt}", worker.output)
             # The pool process running it dies (and the harness below it); the worker's
             # main process sees the loss and hands the task back to the broker.
@@ -253,13 +253,13 @@ def test_a_candidate_that_kills_its_worker_every_time_ends_failed_after_three_at
         worker.stop()
 
     one_candidate.refresh_from_db()
-    assert one_candidate.attempts == services.MAX_ATTEMPTS and one_candidate.verdict == "rejected"
-    assert f"{services.MAX_ATTEMPTS} times" in one_candidate.error
+    assert one_candidate.attempts == candidates.MAX_ATTEMPTS and one_candidate.verdict == "rejected"
+    assert f"{candidates.MAX_ATTEMPTS} times" in one_candidate.error
     assert not one_candidate.measurements.exists()
     sweep = Sweep.objects.get(pk=one_candidate.sweep_id)
     assert sweep.status == Sweep.Status.FINISHED and sweep.done == 1
     types = list(Event.objects.filter(sweep=sweep).values_list("type", flat=True))
-    assert types.count("candidate.started") == services.MAX_ATTEMPTS and types.count("candidate.result") == 1
+    assert types.count("candidate.started") == candidates.MAX_ATTEMPTS and types.count("candidate.result") == 1
 
 
 class WebSocket:
@@ -460,7 +460,7 @@ def test_a_webhook_receiver_that_is_down_for_a_while_gets_the_delivery_once_it_i
 
 def _three_candidates_and_the_first_running(make_thesis, user, worker: Subprocess) -> tuple[Sweep, Candidate]:
     thesis = make_thesis(context_lengths=[64], batch_sizes=[1])
-    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=3)
+    sweep = sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=3)
     first = sweep.candidates.order_by("number").first()
     _wait_for(_running(first.pk, 1), 60, "the first candidate to start", worker.output)
     return sweep, first

@@ -15,7 +15,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from research import provenance, selectors, workspace
+from research import provenance, selectors
+import workspace
 from research.api_tokens import api_token_create, api_token_revoke
 from research.models import ApiToken, Candidate, Event, Evidence, Measurement, Sweep, Thesis
 from runners import space

@@ -23,10 +23,10 @@ HOST = (b"host", b"localhost")
 
 @sync_to_async
 def _sweep_with_events(count: int) -> tuple[Sweep, bytes]:
-    from research import services
+    from research import theses
 
     user = get_user_model().objects.create_user("grace", password="pw-for-tests-only")
-    thesis = services.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
+    thesis = theses.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
                                     required_dsl="torch")
     sweep = Sweep.objects.create(thesis=thesis, started_by=user, kernel="blocked", strategy="grid",
                                  budget=1, seed=1, hardware="cpu", queue="runner.cpu", total=1)

@@ -92,9 +92,13 @@ def test_the_thesis_op_and_team_pages_embed_the_path(client, people, workspace_d
     thesis = make_thesis(people.author)
     record(start_sweep(thesis, people.producer, budget=1).candidates.get(), recorded_result())
     client.force_login(people.reviewer)
-    for url in (thesis.get_absolute_url(), "/ops/rmsnorm/", "/path/"):
+    # The thesis page (research's) asks reviews for its path as it loads.
+    fragment = f"/theses/{thesis.pk}/path/"
+    assert f'hx-get="{fragment}"' in client.get(thesis.get_absolute_url()).content.decode()
+    for url in (fragment, "/ops/rmsnorm/", "/path/"):
         html = client.get(url).content.decode()
         assert 'id="path-figure"' in html and "data-links" in html, url
+    assert client.get(f"/theses/{thesis.pk + 1}/path/").status_code == 404
     assert client.get("/ops/nope/").status_code == 404
 
 

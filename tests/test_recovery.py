@@ -1,6 +1,6 @@
 """Work whose queue message was lost is sent again, once, and an old copy claims nothing.
 
-The broker is replaced by what `_send_evaluation` and `proposal_enqueue` were asked to
+The broker is replaced by what `queueing.evaluation_send` and `queueing.proposal_enqueue` were asked to
 send, and by the queue length each test says; tests/test_faults.py loses a real Redis's
 data under a real worker.
 """
@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from research import agents, services
+from research import candidates, queueing, sweeps
 from research.models import Candidate, Event, Sweep
 from research.recovery import PROPOSAL_RESENT, REQUEUED, stranded_resend
 from research.sweep_control import sweep_pause, sweep_resume
@@ -30,14 +30,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def sent(monkeypatch) -> list[tuple[int, str, str]]:
     """(candidate, dispatch token, queue) of every evaluation message sent."""
     messages: list[tuple[int, str, str]] = []
-    monkeypatch.setattr(services, "_send_evaluation",
+    monkeypatch.setattr(queueing, "evaluation_send",
                         lambda candidate_id, dispatch, queue: messages.append((candidate_id, dispatch, queue)))
     return messages
 
 
 @pytest.fixture
 def sweep(make_thesis, user, sent) -> Sweep:
-    return services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=2)
+    return sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=2)
 
 
 def _age(candidates, **fields_ago: float) -> None:
@@ -73,9 +73,9 @@ def test_a_queued_candidate_whose_message_was_lost_is_sent_again_and_the_old_mes
         new = _token(sent, pk)
         assert new != first_tokens[pk]
         # The lost message turns up after all: it claims nothing, and no attempt is counted.
-        assert services.candidate_claim(candidate_id=pk, dispatch=first_tokens[pk]) is None
+        assert candidates.candidate_claim(candidate_id=pk, dispatch=first_tokens[pk]) is None
         assert Candidate.objects.get(pk=pk).attempts == 0
-        assert services.candidate_claim(candidate_id=pk, dispatch=new) is not None
+        assert candidates.candidate_claim(candidate_id=pk, dispatch=new) is not None
     requeued = Event.objects.filter(sweep=sweep, type=REQUEUED)
     assert sorted(e.payload["number"] for e in requeued) == [1, 2]
     assert all(e.payload["reason"] == "its queue message was lost" for e in requeued)
@@ -96,7 +96,7 @@ def test_nothing_is_sent_again_while_its_queue_holds_messages_or_before_the_grac
 def test_an_abandoned_running_candidate_is_queued_again_with_its_attempt_counted(sweep, sent):
     candidate = sweep.candidates.get(number=1)
     first = _token(sent, candidate.pk)
-    assert services.candidate_claim(candidate_id=candidate.pk, dispatch=first)
+    assert candidates.candidate_claim(candidate_id=candidate.pk, dispatch=first)
     abandoned = settings.CANDIDATE_TIME_LIMIT_S + settings.RECOVER_AFTER_S
     _age(Candidate.objects.filter(pk=candidate.pk), started_at=abandoned - 30)
     assert not stranded_resend(queue_length=lambda queue: 5).running  # it may still be running
@@ -107,8 +107,8 @@ def test_an_abandoned_running_candidate_is_queued_again_with_its_attempt_counted
     candidate.refresh_from_db()
     assert candidate.status == Candidate.Status.QUEUED and candidate.attempts == 1
     # The broker redelivers the dead worker's message after all: it claims nothing.
-    assert services.candidate_claim(candidate_id=candidate.pk, dispatch=first) is None
-    claimed = services.candidate_claim(candidate_id=candidate.pk, dispatch=_token(sent, candidate.pk))
+    assert candidates.candidate_claim(candidate_id=candidate.pk, dispatch=first) is None
+    claimed = candidates.candidate_claim(candidate_id=candidate.pk, dispatch=_token(sent, candidate.pk))
     assert claimed.attempts == 2
     assert Event.objects.get(sweep=sweep, type=REQUEUED).payload == {
         "number": 1, "reason": "its worker was lost during attempt 1"}
@@ -117,15 +117,15 @@ def test_an_abandoned_running_candidate_is_queued_again_with_its_attempt_counted
 def test_an_abandoned_candidate_at_its_last_attempt_ends_failed(sweep, sent):
     candidate = sweep.candidates.get(number=1)
     token = _token(sent, candidate.pk)
-    for _ in range(services.MAX_ATTEMPTS):  # each attempt's worker died
-        assert services.candidate_claim(candidate_id=candidate.pk, dispatch=token)
+    for _ in range(candidates.MAX_ATTEMPTS):  # each attempt's worker died
+        assert candidates.candidate_claim(candidate_id=candidate.pk, dispatch=token)
     _age(Candidate.objects.filter(pk=candidate.pk),
          started_at=settings.CANDIDATE_TIME_LIMIT_S + settings.RECOVER_AFTER_S + 1)
 
     assert stranded_resend(queue_length=lambda queue: 0).failed == [candidate.pk]
     candidate.refresh_from_db()
     assert candidate.status == Candidate.Status.FAILED and candidate.verdict == "rejected"
-    assert f"{services.MAX_ATTEMPTS} times" in candidate.error
+    assert f"{candidates.MAX_ATTEMPTS} times" in candidate.error
 
 
 def test_a_replaced_message_arriving_during_the_last_attempt_leaves_it_running(sweep, sent):
@@ -134,16 +134,16 @@ def test_a_replaced_message_arriving_during_the_last_attempt_leaves_it_running(s
     _age(Candidate.objects.filter(pk=candidate.pk), dispatched_at=_lost_for())
     stranded_resend(queue_length=lambda queue: 0)
     current = _token(sent, candidate.pk)
-    for _ in range(services.MAX_ATTEMPTS):
-        assert services.candidate_claim(candidate_id=candidate.pk, dispatch=current)
+    for _ in range(candidates.MAX_ATTEMPTS):
+        assert candidates.candidate_claim(candidate_id=candidate.pk, dispatch=current)
 
-    assert services.candidate_claim(candidate_id=candidate.pk, dispatch=stale) is None
+    assert candidates.candidate_claim(candidate_id=candidate.pk, dispatch=stale) is None
     assert Candidate.objects.get(pk=candidate.pk).status == Candidate.Status.RUNNING
 
 
 def test_a_paused_sweep_gets_its_abandoned_candidate_back_on_resume_not_before(sweep, sent, user):
     candidate = sweep.candidates.get(number=1)
-    assert services.candidate_claim(candidate_id=candidate.pk, dispatch=_token(sent, candidate.pk))
+    assert candidates.candidate_claim(candidate_id=candidate.pk, dispatch=_token(sent, candidate.pk))
     sweep_pause(sweep=sweep, by=user)
     _age(Candidate.objects.filter(pk=candidate.pk),
          started_at=settings.CANDIDATE_TIME_LIMIT_S + settings.RECOVER_AFTER_S + 1)
@@ -160,8 +160,8 @@ def test_an_agent_sweep_whose_proposal_message_was_lost_is_asked_again_once(make
                                                                            monkeypatch, sent):
     settings.AGENT_COMMANDS = {"scripted": _command("good")}
     asked: list[int] = []
-    monkeypatch.setattr(agents, "proposal_enqueue", asked.append)
-    sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="agent",
+    monkeypatch.setattr(queueing, "proposal_enqueue", asked.append)
+    sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="agent",
                                  budget=2, agent_command="scripted")
     assert asked == [sweep.pk]  # and that message is lost
     assert not stranded_resend(queue_length=lambda queue: 0).proposals  # too soon to tell

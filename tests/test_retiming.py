@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from research import workspace
+import workspace
 from research.models import Candidate, Sweep
 from reviews import retiming, selectors, services
 from tests.reviewing import make_thesis, record, recorded_result, start_sweep

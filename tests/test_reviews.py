@@ -10,12 +10,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 
-from research import services as research_services
-from research import workspace
+from research import candidates
+import workspace
 from research.models import Candidate, GuardFinding
 from runners.ops import get_op
 from reviews import selectors, services
-from reviews.diffs import hidden_characters, render_diff
+from research.hidden_characters import hidden_characters
+from reviews.diffs import render_diff
 from reviews.models import Review
 from tests.reviewing import make_reviewer, make_thesis, record, recorded_result, start_sweep
 from tests.reviewing import no_enqueue, people, waiting_win, workspace_dir  # noqa: F401  (fixtures)
@@ -66,7 +67,7 @@ def test_the_database_itself_refuses_a_review_by_the_author_or_the_producer(peop
 
 def test_an_approval_of_a_stale_revision_is_refused(client, people, waiting_win):
     seen = waiting_win.commit
-    revised = research_services.candidate_revise(
+    revised = candidates.candidate_revise(
         candidate=waiting_win, source=waiting_win.source + "\n# amended by the agent\n",
         revised_by=people.producer, message="amend")
     assert revised.revision == 2 and revised.commit != seen
@@ -84,7 +85,7 @@ def test_an_approval_of_a_stale_revision_is_refused(client, people, waiting_win)
 def test_a_new_revision_dismisses_an_earlier_decision_and_waits_again(people, waiting_win):
     services.candidate_revert(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit)
     assert waiting_win not in selectors.review_queue()
-    revised = research_services.candidate_revise(
+    revised = candidates.candidate_revise(
         candidate=waiting_win, source=waiting_win.source.replace('"upcast": "full"', '"upcast": "normalize_only"'),
         revised_by=people.author)
     # It is evaluated afresh before anyone decides on it again.
@@ -97,7 +98,7 @@ def test_a_new_revision_dismisses_an_earlier_decision_and_waits_again(people, wa
 
 def test_only_the_producer_or_the_author_may_revise(people, waiting_win):
     with pytest.raises(PermissionDenied):
-        research_services.candidate_revise(candidate=waiting_win, source="x = 1\n", revised_by=people.reviewer)
+        candidates.candidate_revise(candidate=waiting_win, source="x = 1\n", revised_by=people.reviewer)
 
 
 # -- keep and revert in the workspace --------------------------------------------------
@@ -505,7 +506,7 @@ def test_a_carriage_return_is_shown_where_it_is_and_keeps_the_diff_on_its_lines(
 
 def _win_with_hidden_characters(people, waiting_win) -> Candidate:
     source = waiting_win.source.replace("def forward(", "# \u202e kept as it was \u2066\ndef forward(", 1)
-    revised = research_services.candidate_revise(candidate=waiting_win, source=source,
+    revised = candidates.candidate_revise(candidate=waiting_win, source=source,
                                                  revised_by=people.producer)
     return record(revised, recorded_result())
 

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from config.asgi import application
-from research import services
+from research import candidates, queueing, sweeps
 from research.frames import event_frame
 from research.models import Candidate, Event, Sweep
 from research.sweep_control import sweep_cancel, sweep_pause, sweep_resume
@@ -31,13 +31,13 @@ User = get_user_model()
 def enqueued(monkeypatch) -> list[tuple[list[int], str]]:
     """What would have been sent to the broker; the worker test sends it for real."""
     sent: list[tuple[list[int], str]] = []
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: sent.append((list(ids), queue)))
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: sent.append((list(ids), queue)))
     return sent
 
 
 @pytest.fixture
 def sweep(make_thesis, user, enqueued) -> Sweep:
-    return services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=3)
+    return sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=3)
 
 
 def _statuses(sweep: Sweep) -> list[str]:
@@ -52,7 +52,7 @@ def test_the_starter_the_thesis_author_and_staff_may_control_a_sweep_and_no_one_
     starter = User.objects.create_user("grace")
     staff = User.objects.create_user("root", is_staff=True)
     stranger = User.objects.create_user("mallory")
-    sweep = services.sweep_start(thesis=make_thesis(), started_by=starter, kernel="blocked",
+    sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=starter, kernel="blocked",
                                  strategy="grid", budget=2)
     with pytest.raises(PermissionDenied):
         sweep_pause(sweep=sweep, by=stranger)
@@ -75,10 +75,10 @@ def test_only_valid_transitions_are_allowed(sweep, user):
 
 
 def test_a_finished_sweep_cannot_be_cancelled(make_thesis, user, enqueued):
-    sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=1)
+    sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=1)
     (candidate,) = sweep.candidates.all()
-    services.candidate_claim(candidate_id=candidate.pk)
-    services.candidate_record_result(candidate_id=candidate.pk, result=_result())
+    candidates.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_record_result(candidate_id=candidate.pk, result=_result())
     with pytest.raises(ValidationError, match="is finished"):
         sweep_cancel(sweep=sweep, by=user)
     assert Sweep.objects.get(pk=sweep.pk).stop_reason == ""
@@ -109,13 +109,13 @@ def test_two_clicks_at_once_pause_the_sweep_once(sweep, user):
 
 def test_a_paused_sweep_keeps_its_queued_candidates_and_lets_a_running_one_finish(sweep, user, enqueued):
     first, second, _ = sweep.candidates.all()
-    assert services.candidate_claim(candidate_id=first.pk) is not None
+    assert candidates.candidate_claim(candidate_id=first.pk) is not None
     sweep_pause(sweep=sweep, by=user)
 
-    assert services.candidate_claim(candidate_id=second.pk) is None
+    assert candidates.candidate_claim(candidate_id=second.pk) is None
     # A redelivery of the one already started (its worker died) may still finish it.
-    assert services.candidate_claim(candidate_id=first.pk) is not None
-    assert services.candidate_record_result(candidate_id=first.pk, result=_result())
+    assert candidates.candidate_claim(candidate_id=first.pk) is not None
+    assert candidates.candidate_record_result(candidate_id=first.pk, result=_result())
     assert _statuses(sweep) == ["done", "queued", "queued"]
     assert Sweep.objects.get(pk=sweep.pk).status == Sweep.Status.PAUSED
 
@@ -123,23 +123,23 @@ def test_a_paused_sweep_keeps_its_queued_candidates_and_lets_a_running_one_finis
     resumed = sweep_resume(sweep=sweep, by=user)
     assert resumed.status == Sweep.Status.RUNNING  # it had started before the pause
     assert enqueued == [([c.pk for c in sweep.candidates.filter(number__gt=1)], "runner.cpu")]
-    assert services.candidate_claim(candidate_id=second.pk) is not None
+    assert candidates.candidate_claim(candidate_id=second.pk) is not None
 
 
 def test_cancel_cancels_the_queued_candidates_and_a_late_result_does_not_uncancel(make_thesis, user, enqueued,
                                                                                  monkeypatch):
     webhooks: list[str] = []
-    monkeypatch.setattr(services, "webhook_event", lambda *, type, payload: webhooks.append(type))
-    sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=2)
+    monkeypatch.setattr(sweeps, "webhook_event", lambda *, type, payload: webhooks.append(type))
+    sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked", strategy="grid", budget=2)
     first, second = sweep.candidates.all()
-    services.candidate_claim(candidate_id=first.pk)
-    services.candidate_claim(candidate_id=second.pk)
-    services.candidate_record_result(candidate_id=first.pk, result=_result())
+    candidates.candidate_claim(candidate_id=first.pk)
+    candidates.candidate_claim(candidate_id=second.pk)
+    candidates.candidate_record_result(candidate_id=first.pk, result=_result())
 
     cancelled = sweep_cancel(sweep=sweep, by=user)
     assert cancelled.stop_reason == "cancelled by ada" and cancelled.finished_at is not None
     # The last running candidate completes the count: the sweep still is not "finished".
-    assert services.candidate_record_result(candidate_id=second.pk, result=_result())
+    assert candidates.candidate_record_result(candidate_id=second.pk, result=_result())
     sweep.refresh_from_db()
     assert sweep.status == Sweep.Status.CANCELLED and sweep.done == sweep.total == 2
     assert "sweep.finished" not in _types(sweep) and "sweep.finished" not in webhooks
@@ -147,11 +147,11 @@ def test_cancel_cancels_the_queued_candidates_and_a_late_result_does_not_uncance
 
 def test_cancel_marks_every_queued_candidate_cancelled_and_workers_skip_them(sweep, user):
     first, second, third = sweep.candidates.all()
-    services.candidate_claim(candidate_id=first.pk)
+    candidates.candidate_claim(candidate_id=first.pk)
     sweep_pause(sweep=sweep, by=user)
     sweep_cancel(sweep=sweep, by=user)
     assert _statuses(sweep) == ["running", "cancelled", "cancelled"]
-    assert services.candidate_claim(candidate_id=second.pk) is None
+    assert candidates.candidate_claim(candidate_id=second.pk) is None
     assert Candidate.objects.get(pk=second.pk).status == Candidate.Status.CANCELLED
 
 
@@ -255,7 +255,7 @@ def test_someone_else_is_refused_and_sees_no_buttons(client, sweep):
 
 
 def test_a_real_worker_skips_a_paused_sweep_and_evaluates_it_after_resume(make_thesis, user):
-    sweep = services.sweep_start(thesis=make_thesis(context_lengths=[64], batch_sizes=[1]), started_by=user,
+    sweep = sweeps.sweep_start(thesis=make_thesis(context_lengths=[64], batch_sizes=[1]), started_by=user,
                                  kernel="blocked", strategy="grid", budget=1)
     sweep_pause(sweep=sweep, by=user)  # before any worker is up: its message waits in the broker
     handled = threading.Semaphore(0)
@@ -283,7 +283,7 @@ def test_a_real_worker_skips_a_paused_sweep_and_evaluates_it_after_resume(make_t
 
 def test_resuming_lets_the_sweep_propose_its_next_candidates(sweep, user, monkeypatch):
     continued: list[int] = []
-    monkeypatch.setattr(services, "sweep_continue", lambda *, sweep_id: continued.append(sweep_id))
+    monkeypatch.setattr(sweeps, "sweep_continue", lambda *, sweep_id: continued.append(sweep_id))
     sweep_pause(sweep=sweep, by=user)
     sweep_resume(sweep=sweep, by=user)
     assert continued == [sweep.pk]

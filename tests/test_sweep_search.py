@@ -14,7 +14,8 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from research import services, workspace
+from research import candidates, queueing, sweeps
+import workspace
 from research.models import Candidate, Event, Sweep
 from research.proposers import point_key
 from tests.reviewing import record, recorded_result
@@ -28,7 +29,7 @@ WIN = (1.30, 1.24, 1.02, 0.99)
 @pytest.fixture(autouse=True)
 def no_enqueue(monkeypatch, workspace_dir):
     # Results are recorded by the tests themselves; the worker path has its own tests.
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def workspace_dir(settings, tmp_path):
 @pytest.fixture
 def start(make_thesis, user):
     def start_sweep(strategy: str, budget: int, **stops) -> Sweep:
-        return services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
+        return sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
                                     strategy=strategy, budget=budget, **stops)
     return start_sweep
 
@@ -84,7 +85,7 @@ def test_patience_stops_a_tpe_sweep_and_cancels_what_is_queued(start):
     assert (stopped.status, stopped.stop_reason, stopped.done, stopped.total) == ("finished", reason, 3, 3)
     cancelled = sweep.candidates.get(status=Candidate.Status.CANCELLED)
     assert cancelled.error == reason
-    assert services.candidate_claim(candidate_id=cancelled.pk) is None
+    assert candidates.candidate_claim(candidate_id=cancelled.pk) is None
     finished = Event.objects.filter(sweep=sweep, type="sweep.finished").get()
     assert finished.payload == {"done": 3, "total": 3, "wins": 0, "rejected": 0, "stop_reason": reason}
 
@@ -93,15 +94,15 @@ def test_patience_stops_a_grid_sweep_once_its_running_candidates_are_recorded(st
     sweep = start("grid", 6, patience=1)
     first, second, third = sweep.candidates.all()[:3]
     for candidate in (first, second, third):
-        services.candidate_claim(candidate_id=candidate.pk)
-    services.candidate_record_result(candidate_id=first.pk, result=recorded_result(WIN))
-    services.candidate_record_result(candidate_id=second.pk, result=recorded_result(NO_GAIN))
+        candidates.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_record_result(candidate_id=first.pk, result=recorded_result(WIN))
+    candidates.candidate_record_result(candidate_id=second.pk, result=recorded_result(NO_GAIN))
     stopping = _sweep(sweep)
     # The third is being evaluated: it still counts, and its result ends the sweep.
     assert (stopping.status, stopping.done, stopping.total) == ("running", 2, 3)
     assert stopping.stop_reason == "stopped early: 1 candidate without improvement"
     assert sweep.candidates.filter(status=Candidate.Status.CANCELLED).count() == 3
-    services.candidate_record_result(candidate_id=third.pk, result=recorded_result(NO_GAIN))
+    candidates.candidate_record_result(candidate_id=third.pk, result=recorded_result(NO_GAIN))
     stopped = _sweep(sweep)
     assert (stopped.status, stopped.done, stopped.total) == ("finished", 3, 3)
     assert Event.objects.filter(sweep=sweep, type="sweep.finished").count() == 1
@@ -129,12 +130,12 @@ def test_a_spent_time_budget_stops_a_random_sweep(start):
 def test_a_paused_sweep_proposes_nothing_until_it_is_continued(start):
     sweep = start("tpe", 6)
     first = sweep.candidates.get(number=1)
-    services.candidate_claim(candidate_id=first.pk)
+    candidates.candidate_claim(candidate_id=first.pk)
     Sweep.objects.filter(pk=sweep.pk).update(status=Sweep.Status.PAUSED)
-    services.candidate_record_result(candidate_id=first.pk, result=recorded_result(NO_GAIN))
+    candidates.candidate_record_result(candidate_id=first.pk, result=recorded_result(NO_GAIN))
     assert sweep.candidates.count() == 2
     Sweep.objects.filter(pk=sweep.pk).update(status=Sweep.Status.RUNNING)  # resumed
-    services.sweep_continue(sweep_id=sweep.pk)
+    sweeps.sweep_continue(sweep_id=sweep.pk)
     assert sweep.candidates.count() == 3 and len(_queued(sweep)) == 2
 
 
@@ -142,14 +143,14 @@ def test_two_results_recorded_at_once_propose_no_duplicate_and_stay_in_budget(st
     sweep = start("tpe", 4)
     first, second = sweep.candidates.all()
     for candidate in (first, second):
-        services.candidate_claim(candidate_id=candidate.pk)
+        candidates.candidate_claim(candidate_id=candidate.pk)
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 
     def deliver(candidate: Candidate) -> None:
         try:
             barrier.wait()
-            services.candidate_record_result(candidate_id=candidate.pk, result=recorded_result(NO_GAIN))
+            candidates.candidate_record_result(candidate_id=candidate.pk, result=recorded_result(NO_GAIN))
         except BaseException as error:  # noqa: BLE001 — reported below
             errors.append(error)
         finally:
@@ -161,9 +162,9 @@ def test_two_results_recorded_at_once_propose_no_duplicate_and_stay_in_budget(st
     for thread in threads:
         thread.join()
     assert not errors
-    candidates = list(sweep.candidates.all())
-    assert [c.number for c in candidates] == [1, 2, 3, 4]
-    assert len({point_key(c.params) for c in candidates}) == 4
+    planned = list(sweep.candidates.all())
+    assert [c.number for c in planned] == [1, 2, 3, 4]
+    assert len({point_key(c.params) for c in planned}) == 4
     assert _sweep(sweep).done == 2
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from research import charts, selectors, services
+from research import candidates, charts, queueing, selectors, sweeps
 from research.models import Candidate, Event, Sweep
 from runners import space
 from runners.ops import get_op
@@ -32,9 +32,9 @@ def _result(verdict="no-gain", speedups=(1.0, 1.0)):
 @pytest.fixture
 def started_sweep(make_thesis, user, monkeypatch):
     # These tests drive the services directly; the worker path has its own test.
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
     thesis = make_thesis()
-    return services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=3)
+    return sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=3)
 
 
 def test_a_grid_sweep_materialises_one_candidate_file_per_point(started_sweep):
@@ -52,8 +52,8 @@ def test_a_grid_sweep_materialises_one_candidate_file_per_point(started_sweep):
 
 
 def test_a_random_sweep_never_repeats_a_point(make_thesis, user, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
-    sweep = services.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
+    sweep = sweeps.sweep_start(thesis=make_thesis(), started_by=user, kernel="blocked",
                                  strategy="random", budget=5)
     params = [tuple(sorted(c.params.items())) for c in sweep.candidates.all()]
     assert len(params) == len(set(params)) == 5
@@ -69,7 +69,7 @@ def test_a_random_sweep_never_repeats_a_point(make_thesis, user, monkeypatch):
 def test_it_refuses_a_bad_sweep_and_stores_nothing(make_thesis, user, field, kwargs):
     fields = {"kernel": "blocked", "strategy": "grid", "budget": 2, **kwargs}
     with pytest.raises(ValidationError) as error:
-        services.sweep_start(thesis=make_thesis(), started_by=user, **fields)
+        sweeps.sweep_start(thesis=make_thesis(), started_by=user, **fields)
     assert field in error.value.message_dict
     assert not Sweep.objects.exists() and not Candidate.objects.exists()
 
@@ -79,7 +79,7 @@ def test_it_refuses_a_sweep_on_hardware_that_cannot_run_the_thesis_workloads(mak
     thesis = make_thesis(op="dsa_indexer_topk", hardware="h200", context_lengths=None, batch_sizes=None)
     assert max(thesis.context_lengths) > max(get_op("dsa_indexer_topk").default_context_lengths("cpu"))
     with pytest.raises(ValidationError) as error:
-        services.sweep_start(thesis=thesis, started_by=user, kernel="chunked_topk", strategy="grid",
+        sweeps.sweep_start(thesis=thesis, started_by=user, kernel="chunked_topk", strategy="grid",
                              budget=2, hardware="cpu")
     assert "above dsa_indexer_topk's maximum" in " ".join(error.value.message_dict["hardware"])
     assert not Sweep.objects.exists() and not Candidate.objects.exists()
@@ -98,9 +98,9 @@ def test_a_sweep_started_before_such_sweeps_were_refused_still_has_its_page(logg
 
 def test_a_result_is_recorded_once_even_when_delivered_twice(started_sweep):
     candidate = started_sweep.candidates.first()
-    assert services.candidate_claim(candidate_id=candidate.pk) is not None
-    assert services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
-    assert not services.candidate_record_result(candidate_id=candidate.pk, result=_result())
+    assert candidates.candidate_claim(candidate_id=candidate.pk) is not None
+    assert candidates.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
+    assert not candidates.candidate_record_result(candidate_id=candidate.pk, result=_result())
     candidate.refresh_from_db()
     assert candidate.verdict == "win" and candidate.measurements.count() == 2
     assert candidate.best_speedup == pytest.approx(1.5)
@@ -110,16 +110,16 @@ def test_a_result_is_recorded_once_even_when_delivered_twice(started_sweep):
 
 def test_a_claimed_candidate_cannot_be_claimed_after_it_is_recorded(started_sweep):
     candidate = started_sweep.candidates.first()
-    services.candidate_claim(candidate_id=candidate.pk)
-    services.candidate_record_result(candidate_id=candidate.pk, result=_result())
-    assert services.candidate_claim(candidate_id=candidate.pk) is None
+    candidates.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_record_result(candidate_id=candidate.pk, result=_result())
+    assert candidates.candidate_claim(candidate_id=candidate.pk) is None
 
 
 def test_a_candidate_that_kills_its_worker_three_times_ends_failed(started_sweep):
     candidate = started_sweep.candidates.first()
-    for _ in range(services.MAX_ATTEMPTS):  # each claim is a delivery whose worker then died
-        assert services.candidate_claim(candidate_id=candidate.pk) is not None
-    assert services.candidate_claim(candidate_id=candidate.pk) is None
+    for _ in range(candidates.MAX_ATTEMPTS):  # each claim is a delivery whose worker then died
+        assert candidates.candidate_claim(candidate_id=candidate.pk) is not None
+    assert candidates.candidate_claim(candidate_id=candidate.pk) is None
     candidate.refresh_from_db()
     assert candidate.status == Candidate.Status.FAILED and candidate.verdict == "rejected"
     assert "3 times" in candidate.error
@@ -127,8 +127,8 @@ def test_a_candidate_that_kills_its_worker_three_times_ends_failed(started_sweep
 
 def test_events_are_numbered_without_gaps_and_finish_the_sweep(started_sweep):
     for candidate in started_sweep.candidates.all():
-        services.candidate_claim(candidate_id=candidate.pk)
-        services.candidate_record_result(candidate_id=candidate.pk, result=_result())
+        candidates.candidate_claim(candidate_id=candidate.pk)
+        candidates.candidate_record_result(candidate_id=candidate.pk, result=_result())
     events = list(Event.objects.filter(sweep=started_sweep))
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     types = [e.type for e in events]
@@ -141,7 +141,7 @@ def test_events_are_numbered_without_gaps_and_finish_the_sweep(started_sweep):
 
 def test_the_events_endpoint_returns_what_came_after_a_seq(logged_in_client, started_sweep):
     candidate = started_sweep.candidates.first()
-    services.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_claim(candidate_id=candidate.pk)
     url = reverse("sweep_events", args=[started_sweep.pk])
     body = logged_in_client.get(url, {"after": 1}).json()
     assert [e["seq"] for e in body["events"]] == [2, 3]
@@ -156,7 +156,7 @@ def test_the_events_endpoint_returns_what_came_after_a_seq(logged_in_client, sta
 def test_the_page_says_since_when_a_candidate_has_been_evaluated(started_sweep):
     from research.frames import event_frame
 
-    services.candidate_claim(candidate_id=started_sweep.candidates.first().pk)
+    candidates.candidate_claim(candidate_id=started_sweep.candidates.first().pk)
     started = Event.objects.get(sweep=started_sweep, type="candidate.started")
     html = event_frame(started.as_message())["html"]
     at = started.created_at.strftime("%H:%M:%S")
@@ -170,8 +170,8 @@ def test_the_events_endpoint_refuses_a_seq_that_is_not_a_number(logged_in_client
 
 def test_the_sweep_page_shows_progress_rows_and_the_chart(logged_in_client, started_sweep):
     candidate = started_sweep.candidates.first()
-    services.candidate_claim(candidate_id=candidate.pk)
-    services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
+    candidates.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
     html = logged_in_client.get(started_sweep.get_absolute_url()).content.decode()
     assert 'id="candidate-1"' in html and "1.50×" in html
     assert '<progress value="1" max="3">' in html
@@ -184,8 +184,8 @@ def test_the_sweep_page_shows_progress_rows_and_the_chart(logged_in_client, star
 
 def test_the_results_partial_returns_rows_after_a_number_without_the_page(logged_in_client, started_sweep):
     for candidate in started_sweep.candidates.all():
-        services.candidate_claim(candidate_id=candidate.pk)
-        services.candidate_record_result(candidate_id=candidate.pk, result=_result())
+        candidates.candidate_claim(candidate_id=candidate.pk)
+        candidates.candidate_record_result(candidate_id=candidate.pk, result=_result())
     url = reverse("sweep_results", args=[started_sweep.pk])
     html = logged_in_client.get(url, {"after": 1}, HTTP_HX_REQUEST="true").content.decode()
     assert "<html" not in html
@@ -201,8 +201,8 @@ def test_the_chart_counts_candidates_in_whole_numbers_and_says_when_it_has_nothi
     assert [a["text"] for a in empty["annotations"]] == ["no result yet: speedups appear as candidates finish"]
     assert empty["yaxis"]["title"]["text"] == "speedup over the kept kernel (×)"
     candidate = started_sweep.candidates.first()
-    services.candidate_claim(candidate_id=candidate.pk)
-    services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
+    candidates.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
     drawn = logged_in_client.get(reverse("sweep_chart", args=[started_sweep.pk])).json()["layout"]
     assert drawn["annotations"] == []
     assert charts.sweep_speedup_figure(["w"], [], 95)["layout"]["xaxis"]["dtick"] == 10
@@ -210,15 +210,15 @@ def test_the_chart_counts_candidates_in_whole_numbers_and_says_when_it_has_nothi
 
 def test_the_chart_endpoint_has_one_trace_per_workload(logged_in_client, started_sweep):
     candidate = started_sweep.candidates.first()
-    services.candidate_claim(candidate_id=candidate.pk)
-    services.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
+    candidates.candidate_claim(candidate_id=candidate.pk)
+    candidates.candidate_record_result(candidate_id=candidate.pk, result=_result("win", (1.5, 1.1)))
     figure = logged_in_client.get(reverse("sweep_chart", args=[started_sweep.pk])).json()
     assert len(figure["data"]) == len(selectors.sweep_workload_names(started_sweep))
     assert figure["data"][0]["x"] == [1] and figure["data"][0]["y"] == [1.5]
 
 
 def test_starting_a_sweep_from_the_thesis_page_redirects_to_it(logged_in_client, make_thesis, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
     thesis = make_thesis()
     url = reverse("sweep_start", args=[thesis.pk])
     response = logged_in_client.post(url, {"kernel": "blocked", "strategy": "grid", "budget": 2, "hardware": "cpu"},

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from research import services
+from research import queueing, sweeps, theses
 from research.models import Evidence, Thesis
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +39,7 @@ def _form(**overrides):
 
 
 def test_it_files_a_thesis_with_the_ops_default_workloads(user):
-    thesis = services.thesis_submit(
+    thesis = theses.thesis_submit(
         author=user, title="t", idea="i", op="rmsnorm", hardware="cpu", required_dsl="torch"
     )
     assert thesis.context_lengths and thesis.batch_sizes
@@ -48,7 +48,7 @@ def test_it_files_a_thesis_with_the_ops_default_workloads(user):
 
 def test_it_rejects_an_unknown_op_and_stores_nothing(user):
     with pytest.raises(ValidationError) as error:
-        services.thesis_submit(author=user, title="t", idea="i", op="softmax9", hardware="cpu",
+        theses.thesis_submit(author=user, title="t", idea="i", op="softmax9", hardware="cpu",
                                required_dsl="torch")
     assert "unknown op" in str(error.value.message_dict["op"])
     assert not Thesis.objects.exists()
@@ -57,7 +57,7 @@ def test_it_rejects_an_unknown_op_and_stores_nothing(user):
 @pytest.mark.parametrize("lengths", [[0], [10**9], list(range(1, 200))])
 def test_it_rejects_absurd_workloads(user, lengths):
     with pytest.raises(ValidationError) as error:
-        services.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
+        theses.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
                                required_dsl="torch", context_lengths=lengths, batch_sizes=[1])
     assert error.value.message_dict["context_lengths"]
     assert not Thesis.objects.exists()
@@ -65,16 +65,16 @@ def test_it_rejects_absurd_workloads(user, lengths):
 
 def test_it_refuses_allowed_paths_that_leave_the_workspace(user):
     with pytest.raises(ValidationError) as error:
-        services.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
+        theses.thesis_submit(author=user, title="t", idea="i", op="rmsnorm", hardware="cpu",
                                required_dsl="torch", allowed_paths=["../../etc/passwd"])
     assert "relative path" in str(error.value.message_dict["allowed_paths"])
 
 
 def test_malformed_evidence_leaves_neither_evidence_nor_thesis(user):
     with pytest.raises(ValidationError) as error:
-        services.thesis_submit(
+        theses.thesis_submit(
             author=user, title="t", idea="i", op="rmsnorm", hardware="cpu", required_dsl="torch",
-            evidence=services.Upload(name="trace.json", data=b'{"traceEvents": [{"ph": "X", '),
+            evidence=theses.Upload(name="trace.json", data=b'{"traceEvents": [{"ph": "X", '),
         )
     assert error.value.message_dict["evidence"]
     assert not Evidence.objects.exists() and not Thesis.objects.exists()
@@ -213,10 +213,10 @@ def test_a_user_holds_one_small_profile_at_a_time(logged_in_client, user, monkey
 
 
 def test_the_thesis_page_shows_the_top_kernels_chart_and_bottleneck(logged_in_client, user):
-    thesis = services.thesis_submit(
+    thesis = theses.thesis_submit(
         author=user, title="GEMM heavy", idea="# Heading\n<script>alert(1)</script>", op="rmsnorm",
         hardware="cpu", required_dsl="torch",
-        evidence=services.Upload(name="kern_sum.csv", data=NSYS_CSV),
+        evidence=theses.Upload(name="kern_sum.csv", data=NSYS_CSV),
     )
     html = logged_in_client.get(thesis.get_absolute_url()).content.decode()
     assert "sm90_xmma_gemm_bf16bf16_bf16f32" in html and 'id="top-kernels"' in html
@@ -230,7 +230,7 @@ def test_the_thesis_page_shows_the_top_kernels_chart_and_bottleneck(logged_in_cl
 
 
 def test_the_thesis_page_lists_the_packs_its_agents_read_and_each_can_be_read(logged_in_client, user):
-    thesis = services.thesis_submit(
+    thesis = theses.thesis_submit(
         author=user, title="Indexer", idea="Chunk the keys.", op="dsa_indexer_topk",
         hardware="h200", model_context="deepseek-v3.2", required_dsl="torch",
     )
@@ -267,8 +267,8 @@ def test_its_author_edits_a_thesis_until_its_first_sweep(logged_in_client, make_
     assert other.post(url, {"title": "Mine now", "idea": "x"}).status_code == 403
     assert Thesis.objects.get(pk=thesis.pk).title == "Blocked rmsnorm, 64 rows"
 
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
-    services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
+    sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
     refused = logged_in_client.post(url, {"title": "Rewritten after the fact", "idea": "x"})
     assert refused.status_code == 422 and "what its candidates were judged under" in refused.content.decode()
     assert Thesis.objects.get(pk=thesis.pk).title == "Blocked rmsnorm, 64 rows"
@@ -284,9 +284,9 @@ def test_an_archived_thesis_leaves_the_dashboard_and_takes_no_sweep_until_restor
         logged_in_client, make_thesis, user, monkeypatch):
     from django.test import Client
 
-    monkeypatch.setattr(services, "_enqueue_evaluations", lambda ids, queue: None)
+    monkeypatch.setattr(queueing, "evaluations_enqueue", lambda ids, queue: None)
     thesis = make_thesis(title="An idea that did not pan out")
-    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    sweep = sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
     # Not while a sweep of it may still run.
     assert logged_in_client.post(reverse("thesis_archive", args=[thesis.pk]), follow=True).status_code == 200
     assert Thesis.objects.get(pk=thesis.pk).archived_at is None
@@ -303,7 +303,7 @@ def test_an_archived_thesis_leaves_the_dashboard_and_takes_no_sweep_until_restor
         return "An idea that did not pan out" in theses
     assert not listed() and listed(archived="1")
     with pytest.raises(ValidationError, match="archived: restore it to start a sweep"):
-        services.sweep_start(thesis=Thesis.objects.get(pk=thesis.pk), started_by=user, kernel="blocked",
+        sweeps.sweep_start(thesis=Thesis.objects.get(pk=thesis.pk), started_by=user, kernel="blocked",
                              strategy="grid", budget=1)
     # Staff may restore it too.
     staff = Client()

@@ -20,7 +20,8 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.cache import cache
 from django.core.management import CommandError, call_command
 
-from research import provenance, services, sweep_control, workers, workspace
+from research import candidates, provenance, queueing, sweep_control, workers
+import workspace
 from research.models import Candidate, Sweep
 from research.tasks import evaluate_candidate
 from reviews import selectors
@@ -80,7 +81,7 @@ def imported_win(honest_results, people, workspace_dir, tmp_path) -> Candidate:
 def sent(monkeypatch) -> list[tuple[int, str, str]]:
     """Evaluations sent to the queue, (candidate, dispatch token, queue): run here by hand."""
     messages: list[tuple[int, str, str]] = []
-    monkeypatch.setattr(services, "_send_evaluation", lambda *message: messages.append(message))
+    monkeypatch.setattr(queueing, "evaluation_send", lambda *message: messages.append(message))
     return messages
 
 
@@ -187,7 +188,7 @@ def test_neither_the_author_nor_the_importer_can_stop_a_verification(imported_wi
 
 def test_an_import_is_never_revised(imported_win, people):
     with pytest.raises(ValidationError, match="a candidate of an imported sweep is never revised"):
-        services.candidate_revise(candidate=imported_win, source=imported_win.source + "\n# again\n",
+        candidates.candidate_revise(candidate=imported_win, source=imported_win.source + "\n# again\n",
                                   revised_by=people.producer)
 
 

@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 
-from research import selectors, services, sweep_control, workers
+from research import selectors, sweep_control, sweeps, workers
 from research.live import sweep_group
 from research.models import Candidate, Event, Sweep
 from tests.celery_worker import cpu_worker, wait_until_finished
@@ -41,7 +41,7 @@ async def _subscribe(sweep_id: int) -> str:
 
 def test_a_worker_evaluates_a_sweep_and_its_events_reach_the_channel_layer_in_order(make_thesis, user):
     thesis = make_thesis(context_lengths=[64, 256], batch_sizes=[1])
-    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=2)
+    sweep = sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=2)
     # Listen before any worker runs, so every event after "sweep.created" is seen live.
     channel = async_to_sync(_subscribe)(sweep.pk)
 
@@ -72,7 +72,7 @@ def test_a_worker_evaluates_a_sweep_and_its_events_reach_the_channel_layer_in_or
 def test_a_sweep_no_worker_serves_says_so_with_the_command_that_would(make_thesis, user, client):
     # An H200 sweep on a CPU-only installation: its queue has no consumer.
     thesis = make_thesis(hardware="h200", context_lengths=[4096], batch_sizes=[1])
-    sweep = services.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
+    sweep = sweeps.sweep_start(thesis=thesis, started_by=user, kernel="blocked", strategy="grid", budget=1)
     assert sweep.queue == "runner.sm90"
     client.force_login(user)
     page = client.get(sweep.get_absolute_url()).content.decode()

@@ -10,7 +10,7 @@ import threading
 
 from django.core.management import call_command
 
-from research import workspace
+import workspace
 from research.hardware import HARDWARE
 from runners.ops import get_op, list_ops
 from tests.app_process import ROOT

@@ -90,10 +90,10 @@ def main() -> None:
         from django.contrib.auth import get_user_model
         from django.contrib.auth.models import Permission
 
-        from research import workspace
+        import workspace
         from research.importing import results_import
         from research.models import Candidate
-        from research.services import thesis_submit
+        from research.theses import thesis_submit
         from reviews import charts, selectors, services as reviews
 
         workspace.ensure()

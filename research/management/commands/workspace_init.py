@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from research import workspace
+import workspace
 
 
 class Command(BaseCommand):
