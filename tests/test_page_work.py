@@ -12,7 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from research import result_rows, workspace
+import workspace
+from research import result_rows
 from research.models import Candidate, Measurement
 from tests.reviewing import (make_reviewer, make_thesis, people, record, recorded_result, start_sweep,  # noqa: F401
                              no_enqueue, waiting_win, workspace_dir)
