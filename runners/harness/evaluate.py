@@ -26,7 +26,7 @@ import torch
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import e2e_command as declared_e2e
-from runners.harness import endtoend, new_shapes, protected, roofline
+from runners.harness import endtoend, imports, new_shapes, protected, roofline
 from runners.harness.children import (
     BASELINE,
     CANDIDATE,
@@ -218,6 +218,9 @@ class _Run:
     arena: inputs_arena.Arena | None = None
     gpu: GpuProbe | None = None
     feed: Feed | None = None
+    # The shared code (runners.kernel_lib) the candidate and the kept kernel import, as
+    # the judge read it: each child imports exactly those bytes (runners.harness.imports).
+    shared: imports.Served | None = None
 
     def start(self, role: str, path: Path, dsl: str, watch: Watch | None = None) -> Child:
         setup = {
@@ -233,6 +236,9 @@ class _Run:
             "input_capacity": self.input_capacity,
             "arena_fd": self.arena.child_fd if self.arena is not None else None,
         }
+        if self.shared is not None:
+            setup["lib"] = str(self.shared.candidate_folder if role == CANDIDATE
+                               else self.shared.kept_folder)
         label = {CANDIDATE: "candidate process", BASELINE: "baseline process",
                  CONTROL: "second baseline process"}[role]
         child = Child(role=role, label=label, setup=setup, limits=self.limits,
@@ -247,6 +253,8 @@ class _Run:
             child.close()
         if self.arena is not None:
             self.arena.close()
+        if self.shared is not None:
+            self.shared.close()
 
 
 def evaluate(
@@ -264,6 +272,8 @@ def evaluate(
     baseline: str | os.PathLike[str] | None = None,
     e2e_command: str | None = None,
     e2e_command_budget_s: float = declared_e2e.BUDGET_S,
+    lib: str | os.PathLike[str] | None = None,
+    baseline_lib: str | os.PathLike[str] | None = None,
 ) -> EvaluationResult:
     """Evaluate a candidate file (or "baseline", for an A/A run) against the op's baseline.
 
@@ -271,6 +281,8 @@ def evaluate(
     kernel of the workspace's main line, so kept wins accumulate). `e2e_command` is the
     user's own end-to-end program for the op, run with the kept kernel and with the
     candidate within `e2e_command_budget_s` seconds (runners.harness.e2e_command).
+    `lib` and `baseline_lib` are the lib folders whose shared code the candidate and the
+    baseline import (runners.harness.imports; default: the shipped runners/kernel_lib/).
 
     Raises UnknownOpError, WorkloadError or UsageError before anything runs when the
     request itself is wrong; anything wrong with the candidate is a `rejected` verdict.
@@ -291,6 +303,11 @@ def evaluate(
         raise UsageError(f"the end-to-end command's budget must be positive, not {e2e_command_budget_s}")
     limits = limits or Limits()
     source = path.read_text(encoding="utf-8", errors="replace")
+    baseline_source = baseline_path.read_text(encoding="utf-8", errors="replace")
+    try:
+        kept_shared = imports.resolve(baseline_source, baseline_path.name, _lib_folder(baseline_lib))
+    except imports.ImportRefused as refusal:
+        raise UsageError(f"the baseline cannot be evaluated: {refusal}") from None
 
     result = EvaluationResult(
         op=op.name, device=kind, verdict="rejected", correct=False,
@@ -300,15 +317,29 @@ def evaluate(
         timing_meaningful=dsls.timings_meaningful(dsl, kind),
         seed=draw_secret_seed() if seed is None else seed,
     )
+    try:
+        shared = imports.resolve(source, path.name, _lib_folder(lib))
+    except imports.ImportRefused as refusal:
+        return _refused(result, Guard("imports", "fail", str(refusal)), started)
+    static = dsls.static_check(source, dsl) if dsl != "torch" else None
+    settings = protected.check(source, baseline_source)
+    if shared:
+        result.lib_files = [file.provenance() for file in shared]
+        result.guards.append(Guard("imports", "pass", imports.summary(shared)))
+        lib_dsl, lib_settings = imports.check(shared, dsl, kept=kept_shared)
+        # The candidate's own failure first; else the first imported file's.
+        static = static if static is None or static[0] == "fail" or lib_dsl is None else lib_dsl
+        settings = settings if settings is None or settings[0] == "fail" or lib_settings is None \
+            else lib_settings
     run = _Run(op=op, path=path, baseline_path=baseline_path, workloads=workloads, result=result,
                limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
-               static=dsls.static_check(source, dsl) if dsl != "torch" else None,
-               protected_settings=protected.check(
-                   source, baseline_path.read_text(encoding="utf-8", errors="replace")),
+               static=static, protected_settings=settings,
                batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
                e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
     # One thread here: the judge's idle OpenMP workers spin for a while after each of its
     # own torch calls (references, checks), stealing a core from the child being timed.
+    if shared or kept_shared:
+        run.shared = imports.Served(shared, kept_shared)
     run.secret = secret_workloads(op, kind, workloads, run.batch_sizes, result.seed)
     run.new_shapes = new_shapes.neighbours(op, kind, workloads, result.seed)
     previous_threads = torch.get_num_threads()
@@ -349,6 +380,25 @@ def evaluate(
     result.machine = machine_state(kind)
     result.duration_s = round(time.monotonic() - started, 3)
     say(f"verdict: {result.verdict}")
+    return result
+
+
+def _lib_folder(lib: str | os.PathLike[str] | None) -> Path:
+    if lib is None:
+        return imports.SHIPPED_LIB
+    folder = Path(lib)
+    if not folder.is_dir():
+        raise UsageError(f"no lib folder at {folder}")
+    return folder
+
+
+def _refused(result: EvaluationResult, guard: Guard, started: float) -> EvaluationResult:
+    """A candidate rejected before any process ran it."""
+    result.guards.append(guard)
+    result.error = guard.detail
+    result.verdict = _verdict(result)
+    result.machine = machine_state(result.device)
+    result.duration_s = round(time.monotonic() - started, 3)
     return result
 
 
