@@ -24,7 +24,8 @@ and q's scale is folded into the weights:
    MMA whose sums it scales is waited for. Row r = b*next_n + j stores and counts only its causal
    prefix, tokens < context_lens[b] - next_n + 1 + j. Each CTA writes its rows'
    first-digit histograms to hist[span, row].
-2. Select (`_select_rows`): the bf16 paged kernel's, unchanged (it reads float32
+2. Select (`launch_paged_select`): the bf16 paged kernel's, from runners/kernel_lib/
+   indexer_select.py (it reads float32
    scores): the histograms of the spans a row's prefix covers summed, one pass over the
    prefix, digits 2 and 3 in shared memory, ties to the lowest index, the chosen in
    token order; -1 past a prefix shorter than top-k, all -1 for a padding sequence.
@@ -34,7 +35,7 @@ No torch op computes anything and nothing is read on the host: forward only allo
 from shapes, and launches on torch's current stream, so it can be captured.
 
 Copied from logits_topk_paged_cute (a candidate file cannot import another): the
-select, `_radix_key`, `_record`, `_write_hist`, `_refill`, the head-sum MMA, `_issue_turn`
+select, `radix_key`, `record`, `write_hist`, `_refill`, the head-sum MMA, `_issue_turn`
 and the host's shape checks; `_issue_mma` takes D/32 e4m3 k-blocks, and the stores
 (`_store_head_sums`, `_reduce_tile`) take each token's scale, as the dense FP8 kernel's do.
 
@@ -67,6 +68,10 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from runners.kernel_lib.indexer_select import (
+    BINS, BITMAP_TOKENS, MAX_TOPK, launch_paged_select, radix_key, record, write_hist,
+)
+
 # The dense FP8 kernel's kept point (logits_topk_fp8_cute: three warpgroups in turn,
 # the head sum on the tensor cores), with SPAN new; none of it measured paged yet.
 PARAMS = {
@@ -89,25 +94,6 @@ SPACE = {
 _TOKENS = 64
 BLOCK_SIZE = 64
 _MMA_THREADS = 256
-_WARP = 32
-# A score's radix key is split into digits of 11, 11 and 10 bits, most significant
-# first; a histogram of the first is what the scores kernels count.
-_BINS = 2048
-_LOW_BINS = 1024
-# The select keeps the top-k-th score's first-digit bin in shared memory when it holds
-# at most this many scores (a key and an index each: 128 KB); fuller bins, from many
-# equal or nearly equal scores, take passes over the row instead.
-_CANDIDATES = 16384
-# 16-byte loads each select thread has in flight in its pass over the row.
-_LOADS_IN_FLIGHT = 4
-# The chosen indices are listed and sorted in shared memory (past the bitmap's reach), up
-# to this many.
-_MAX_TOPK = 8192
-# Up to this many context tokens (64 KB of bits) the chosen are marked in a bitmap in
-# shared memory and written out in token order by a prefix sum: no bitonic sort, whose
-# 66 steps for 2048 indices each ended in a sync (on the H200 the kept bf16 kernel went
-# from 0.075 to 0.067 ms at 32K).
-_BITMAP_TOKENS = 1 << 19
 
 _FP8 = torch.float8_e4m3fn
 # How many MMA warpgroups take turns on the tensor cores. (The dense kernel's
@@ -127,39 +113,6 @@ _MMA_REGISTERS = {2: 232, 3: 152}
 
 
 # --- shared device helpers ------------------------------------------------------------
-
-
-@cute.jit
-def _radix_key(score: cutlass.Float32) -> cutlass.Uint32:
-    """An unsigned key that orders like the float: negatives have all bits flipped,
-    non-negatives only the sign bit."""
-    bits = score.bitcast(cutlass.Uint32)
-    flip = (cutlass.Uint32(0) - (bits >> cutlass.Uint32(31))) | cutlass.Uint32(0x80000000)
-    return bits ^ flip
-
-
-@cute.jit
-def _record(
-    scores: cute.Tensor, hist: cute.Tensor, row: cutlass.Int32, token: cutlass.Int32,
-    hist_row: cutlass.Int32, score: cutlass.Float32,
-):
-    """Store one score and count its first digit in the CTA's shared histogram."""
-    scores[row, token] = score
-    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
-    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
-
-
-@cute.jit
-def _write_hist(
-    hist_smem: cute.Tensor, hist: cute.Tensor, split: cutlass.Int32, row0: cutlass.Int32,
-    rows: cutlass.Constexpr, threads: cutlass.Constexpr,
-):
-    """The CTA's histograms, one per query row it owns, to hist[split, row, :]."""
-    tidx, _, _ = cute.arch.thread_idx()
-    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
-        row = row0 + i // _BINS
-        if row < hist.shape[1]:
-            hist[split, row, i % _BINS] = hist_smem[i]
 
 
 # --- scores: e4m3 on the tensor cores -------------------------------------------------
@@ -286,15 +239,15 @@ def _store_head_sums(
         for i in cutlass.range_constexpr(2):
             r = 2 * (quad & 1) + i
             if token < seq_end + r:
-                _record(scores, hist, row0 + r, token, r, scale * values[i])
+                record(scores, hist, row0 + r, token, r, scale * values[i])
     elif cutlass.const_expr(rows == 2):
         r = quad & 1
         if token < seq_end + r:
-            _record(scores, hist, row0 + r, token, r,
+            record(scores, hist, row0 + r, token, r,
                     scale * cutlass.Float32(cutlass.select_(bit0, values[1], values[0])))
     else:
         if token < seq_end and (quad & 1) == 0:
-            _record(scores, hist, row0, token, 0, scale * values[0])
+            record(scores, hist, row0, token, 0, scale * values[0])
 
 
 @cute.jit
@@ -346,7 +299,7 @@ def _reduce_tile(
             score = scales[j] * (keep + cute.arch.shuffle_sync_bfly(send, 1))
             r = (4 * j + quad) % rows
             if tokens[j] < seq_end + r:
-                _record(scores, hist, row0 + r, tokens[j], r, score)
+                record(scores, hist, row0 + r, tokens[j], r, score)
     else:
         # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
         for e in cutlass.range_constexpr(2 * rows):
@@ -354,7 +307,7 @@ def _reduce_tile(
             slot = tCcC[(0, half, 0), 0, 0][0]
             token = tile_start + slot
             if quad == e % 4 and token < seq_end + r:
-                _record(scores, hist, row0 + r, token, r, kv_scale[block * BLOCK_SIZE + slot] * partials[e])
+                record(scores, hist, row0 + r, token, r, kv_scale[block * BLOCK_SIZE + slot] * partials[e])
 
 
 def reduce_as_compiled(reduce: str, rows: int) -> str:
@@ -528,7 +481,7 @@ def _score_tiles(
         sW = None
         if cutlass.const_expr(reduce != "mma"):
             sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
-        sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+        sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * BINS), 16)
         sHeadW = None
         if cutlass.const_expr(reduce == "mma"):
             sHeadW = smem.allocate_tensor(cutlass.BFloat16, w_layout.outer, 1024, w_layout.inner)
@@ -562,7 +515,7 @@ def _score_tiles(
                 sHeadW[n, c, 0] = weight.to(cutlass.BFloat16)
             # Written by threads, read by wgmma: the async proxy must see the stores.
             cute.arch.fence_proxy("async.shared", space="cta")
-        for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        for i in cutlass.range(tidx, rows * BINS, threads, unroll=1):
             sHist[i] = 0
         cute.arch.sync_threads()
 
@@ -596,7 +549,7 @@ def _score_tiles(
                      first_tile, tile_count, row0, seq_end, rows, heads, turns, stages, reduce)
 
         cute.arch.sync_threads()
-        _write_hist(sHist, hist, split, row0, rows, threads)
+        write_hist(sHist, hist, split, row0, rows, threads)
 
 
 @cute.jit
@@ -639,408 +592,6 @@ def _launch_scores_mma(
         tma_k, k_tiles, tma_q, q_tiles, kv_scale, weights, scores, hist, tiled_mma, head_mma, k_layout,
         q_layout, w_layout, block_table, context_lens, tiles_per_cta, rows, stages, turns, reduce,
     ).launch(grid=(hist.shape[0], context_lens.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
-
-
-# --- select ---------------------------------------------------------------------------
-
-
-@cute.jit
-def _exclusive_prefix(owned: cutlass.Int32, warp_totals: cute.Tensor) -> cutlass.Int32:
-    """The sum of `owned` over the block's threads before this one: a scan within the
-    warp, then the totals of the warps before, summed across the lanes (a warp at most
-    per lane: five shuffles, not a load per earlier warp in turn). warp_totals must not
-    be read by anyone else until the next block sync."""
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    running = owned
-    for offset in cutlass.range_constexpr(5):
-        other = cute.arch.shuffle_sync_up(running, 1 << offset)
-        if lane >= (1 << offset):
-            running += other
-    if lane == _WARP - 1:
-        warp_totals[warp] = running
-    cute.arch.sync_threads()
-    earlier = cutlass.Int32(0)
-    if lane < warp:
-        earlier = warp_totals[lane]
-    for offset in cutlass.range_constexpr(5):
-        earlier += cute.arch.shuffle_sync_bfly(earlier, 1 << offset)
-    return running - owned + earlier
-
-
-@cute.jit
-def _threshold_bin(
-    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
-    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """found = (bin, count above it, count in it): the bin, from the top, where the
-    running count first reaches `need`. Thread t owns bins/threads bins counted down from
-    the top; a block-wide prefix sum over threads finds the one thread whose bins cross
-    `need`."""
-    tidx, _, _ = cute.arch.thread_idx()
-    per_thread = bins // threads
-    first = bins - 1 - tidx * per_thread
-
-    owned = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(per_thread):
-        owned += hist[first - i]
-    above = _exclusive_prefix(owned, warp_totals)
-
-    if above < need and need <= above + owned:
-        for i in cutlass.range_constexpr(per_thread):
-            count = hist[first - i]
-            if above < need and need <= above + count:
-                found[0] = first - i
-                found[1] = above
-                found[2] = count
-            above += count
-    cute.arch.sync_threads()
-
-
-@cute.jit
-def _choose(chosen: cute.Tensor, counts: cute.Tensor, index: cutlass.Int32, by_bitmap: cutlass.Constexpr):
-    """Mark token `index` chosen: its bit in the row's bitmap, or the next free slot of
-    the list the sort then orders."""
-    if cutlass.const_expr(by_bitmap):
-        bit = cutlass.Uint32(1) << cutlass.Uint32(index & (_WARP - 1))
-        cute.arch.atomic_or(chosen.iterator + (index >> 5), bit)
-    else:
-        chosen[cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))] = index
-
-
-@cute.jit
-def _write_bitmap(
-    bitmap: cute.Tensor, words: cutlass.Int32, out: cute.Tensor, row: cutlass.Int32,
-    warp_totals: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """Write the tokens whose bits are set among the bitmap's first `words`, in token
-    order: thread t owns a run of words, a block prefix sum of their bit counts gives it
-    its first slot."""
-    tidx, _, _ = cute.arch.thread_idx()
-    per_thread = (words + threads - 1) // threads
-    first = tidx * per_thread
-    owned = cutlass.Int32(0)
-    for i in cutlass.range(per_thread, unroll=1):
-        if first + i < words:
-            owned += cutlass.Int32(cute.arch.popc(bitmap[first + i]))
-    slot = _exclusive_prefix(owned, warp_totals)
-    for i in cutlass.range(per_thread, unroll=1):
-        word = first + i
-        if word < words:
-            bits = bitmap[word]
-            while bits != cutlass.Uint32(0):
-                lowest = bits & (~bits + cutlass.Uint32(1))
-                out[row, slot] = cutlass.Int64(word * _WARP + cutlass.Int32(cute.arch.popc(lowest - cutlass.Uint32(1))))
-                slot += 1
-                bits ^= lowest
-
-
-@cute.jit
-def _candidates(
-    scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
-    indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, context: cutlass.Int32,
-    threads: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
-):
-    """One pass over the row in 16-byte loads, several in flight per thread: every score
-    whose first digit is above `top` is chosen outright; those whose first digit is
-    `top` go to (keys, indices), the candidates for the remaining places. Only the row's
-    first `context` scores count: the rest of its last vector is never written by the
-    scores kernel (rows are W wide, a multiple of 64, so the load stays in the row)."""
-    tidx, _, _ = cute.arch.thread_idx()
-    # (vec, W // vec): column j is the row's j-th vector.
-    row_vectors = cute.zipped_divide(scores[row, None], (vec,))
-    vectors = cute.ceil_div(context, vec)
-    step = threads * _LOADS_IN_FLIGHT
-    for base in cutlass.range(tidx, vectors, step, unroll=1):
-        chunks = [cute.make_rmem_tensor((vec,), cutlass.Float32) for _ in range(_LOADS_IN_FLIGHT)]
-        # Issue every load before the first use, so they travel together.
-        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
-            j = base + u * threads
-            if j < vectors:
-                cute.autovec_copy(row_vectors[None, j], chunks[u])
-        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
-            j = base + u * threads
-            if j < vectors:
-                for e in cutlass.range_constexpr(vec):
-                    if j * vec + e < context:
-                        key = _radix_key(chunks[u][e])
-                        digit = key >> cutlass.Uint32(21)
-                        if digit > top:
-                            _choose(chosen, counts, j * vec + e, by_bitmap)
-                        elif digit == top:
-                            slot = cute.arch.atomic_add(counts.iterator + 1, cutlass.Int32(1))
-                            # The histogram said the bin fits; never write past it regardless.
-                            if slot < _CANDIDATES:
-                                keys[slot] = key
-                                indices[slot] = j * vec + e
-
-
-@cute.jit
-def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass.Constexpr):
-    """Sort values[:size] ascending in shared memory; size is a power of two.
-
-    Thread t compares pairs p = t, t + threads, ...; while the stride is at most a warp,
-    pair p's two elements lie in the 64 that pairs 32*(p//32) .. +31 cover, one warp's
-    own in every such step: between two of those steps the warp syncs alone (two thirds
-    of the 66 steps of a 2048-element sort), between any others the whole block."""
-    tidx, _, _ = cute.arch.thread_idx()
-    steps = [(2 << level, (2 << level) >> (step + 1))
-             for level in range(size.bit_length() - 1) for step in range(level + 1)]
-    for n in cutlass.range_constexpr(len(steps)):
-        span, stride = steps[n]
-        for p in cutlass.range(tidx, size // 2, threads, unroll=1):
-            i = 2 * stride * (p // stride) + p % stride
-            j = i + stride
-            low, high = values[i], values[j]
-            ascending = (i & span) == 0
-            if (low > high) == ascending:
-                values[i] = high
-                values[j] = low
-        if cutlass.const_expr(n + 1 < len(steps) and stride <= _WARP and steps[n + 1][1] <= _WARP):
-            cute.arch.sync_warp()
-        else:
-            cute.arch.sync_threads()
-
-
-@cute.kernel
-def _select_rows(
-    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, context_lens: cute.Tensor,
-    next_n: cutlass.Constexpr, span: cutlass.Constexpr, threads: cutlass.Constexpr,
-    sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
-):
-    # Launched while the scores kernel still runs (programmatic dependent launch): wait
-    # for it to finish and its scores and histograms to be visible.
-    cute.arch.griddepcontrol_wait()
-    tidx, _, _ = cute.arch.thread_idx()
-    row, _, _ = cute.arch.block_idx()
-    topk = out.shape[1]
-    # Row r = b * next_n + j sees the first context_lens[b] - next_n + 1 + j tokens of
-    # sequence b (none for a padding sequence), read here on the device.
-    context = cutlass.max(context_lens[row // next_n] - next_n + 1 + row % next_n, cutlass.Int32(0))
-
-    smem = cutlass.memory.SmemAllocator()
-    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
-    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * (threads // _WARP)), 16)
-    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
-    # Slots handed out: chosen indices, candidates, gathered ties.
-    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
-    sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
-    sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
-    # The chosen: one bit per token where the row's bitmap fits, else a list of indices.
-    # The context is a runtime value: the bitmap is sized for the longest row it serves
-    # and only its first `words` are used.
-    words = cute.ceil_div(context, _WARP)
-    if cutlass.const_expr(by_bitmap):
-        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_BITMAP_TOKENS // _WARP), 16)
-    else:
-        sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
-
-    if context <= topk:
-        # The whole prefix is the top-k, in token order; -1 pads the rest (every slot of
-        # an empty sequence's rows).
-        for i in cutlass.range(tidx, topk, threads, unroll=1):
-            out[row, i] = cutlass.Int64(cutlass.select_(i < context, i, cutlass.Int32(-1)))
-    else:
-        # Digit 1 (key bits 31..21): the scores kernel's histograms, summed over the spans
-        # of this row's prefix (the spans past it were not run or count other rows' tokens).
-        spans = cute.ceil_div(context, span)
-        for b in cutlass.range(tidx, _BINS, threads, unroll=1):
-            total = cutlass.Int32(0)
-            # Unrolled, the spans' loads are in flight together, not one L2 trip each.
-            for s in cutlass.range(spans, unroll=8):
-                total += hist[s, row, b]
-            sHist[b] = total
-        if tidx < 3:
-            sCounts[tidx] = 0
-        if cutlass.const_expr(by_bitmap):
-            for i in cutlass.range(tidx, words, threads, unroll=1):
-                sChosen[i] = cutlass.Uint32(0)
-        else:
-            # Slots the top-k leaves empty sort last and are never written out.
-            for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
-                sChosen[i] = cutlass.Int32(0x7FFFFFFF)
-        cute.arch.sync_threads()
-        _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
-        top = cutlass.Uint32(sFound[0])
-        need = topk - sFound[1]
-        in_bin = sFound[2]
-
-        if in_bin <= _CANDIDATES:
-            # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
-            # the row is read once and digits 2 and 3 are counted among the candidates.
-            _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, context, threads, by_bitmap, vec)
-            for b in cutlass.range(tidx, _BINS, threads, unroll=1):
-                sHist[b] = 0
-            cute.arch.sync_threads()
-            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-                digit = cutlass.Int32((sKeys[c] >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
-                cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-            cute.arch.sync_threads()
-            _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
-            top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
-            need -= sFound[1]
-
-            for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
-                sHist[b] = 0
-            cute.arch.sync_threads()
-            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-                key = sKeys[c]
-                if key >> cutlass.Uint32(10) == top:
-                    digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
-                    cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-            cute.arch.sync_threads()
-            _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
-            kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
-            ties = need - sFound[1]
-            tied = sFound[2]
-
-            # Candidates above the top-k-th key join the chosen, and so do those equal to it
-            # if all fit. If not, the `ties` lowest-indexed of them: gathered in the
-            # histogram's place (free now) and ranked among themselves alone, or where more
-            # are tied than it holds, each ranked against every candidate.
-            gather = tied <= _BINS
-            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-                key = sKeys[c]
-                index = sIndices[c]
-                take = key > kth
-                if key == kth:
-                    if tied <= ties:
-                        take = True
-                    elif gather:
-                        sHist[cute.arch.atomic_add(sCounts.iterator + 2, cutlass.Int32(1))] = index
-                    else:
-                        rank = cutlass.Int32(0)
-                        for other in cutlass.range(in_bin, unroll=1):
-                            if sKeys[other] == kth and sIndices[other] < index:
-                                rank += 1
-                        take = rank < ties
-                if take:
-                    _choose(sChosen, sCounts, index, by_bitmap)
-            if tied > ties and gather:
-                cute.arch.sync_threads()
-                for j in cutlass.range(tidx, tied, threads, unroll=1):
-                    index = sHist[j]
-                    rank = cutlass.Int32(0)
-                    for other in cutlass.range(tied, unroll=1):
-                        if sHist[other] < index:
-                            rank += 1
-                    if rank < ties:
-                        _choose(sChosen, sCounts, index, by_bitmap)
-            cute.arch.sync_threads()
-            # Atomics marked the chosen in no fixed order: written in token order, the output
-            # is the same bit for bit on every call.
-            if cutlass.const_expr(by_bitmap):
-                _write_bitmap(sChosen, words, out, row, sWarp, threads)
-            else:
-                _bitonic_sort(sChosen, sorted_slots, threads)
-                for i in cutlass.range(tidx, topk, threads, unroll=1):
-                    out[row, i] = cutlass.Int64(sChosen[i])
-        else:
-            _select_by_passes(scores, out, row, top, need, context, sHist, sWarp, sFound, threads)
-
-
-@cute.jit
-def _select_by_passes(
-    scores: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32,
-    need: cutlass.Int32, context: cutlass.Int32, sHist: cute.Tensor, sWarp: cute.Tensor,
-    sFound: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """The bin is too full for shared memory (many equal or nearly equal scores): two
-    passes over the row refine digits 2 and 3, then a count pass and a write pass emit
-    the chosen indices in token order, slots handed out by ballots."""
-    tidx, _, _ = cute.arch.thread_idx()
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    topk = out.shape[1]
-    warps = threads // _WARP
-
-    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
-    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
-        sHist[b] = 0
-    cute.arch.sync_threads()
-    for n in cutlass.range(tidx, context, threads, unroll=1):
-        key = _radix_key(scores[row, n])
-        if key >> cutlass.Uint32(21) == top:
-            digit = cutlass.Int32((key >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-    cute.arch.sync_threads()
-    _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
-    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
-    need -= sFound[1]
-
-    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
-    for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
-        sHist[b] = 0
-    cute.arch.sync_threads()
-    for n in cutlass.range(tidx, context, threads, unroll=1):
-        key = _radix_key(scores[row, n])
-        if key >> cutlass.Uint32(10) == top:
-            digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-    cute.arch.sync_threads()
-    _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
-    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
-    # Exactly `topk - ties` keys exceed the top-k-th; `ties` of those equal to it fill
-    # the rest.
-    ties = need - sFound[1]
-    above_all = topk - ties
-
-    # Each warp owns one contiguous span of the row, so slots follow token order: count
-    # each warp's hits, then every warp writes its own from the counts before it.
-    span = cute.ceil_div(cute.ceil_div(context, warps), _WARP) * _WARP
-    start = warp * span
-    end = cutlass.min(start + span, context)
-    above_count = cutlass.Int32(0)
-    tie_count = cutlass.Int32(0)
-    for base in cutlass.range(start, end, _WARP, unroll=1):
-        n = base + lane
-        key = cutlass.Uint32(0)
-        if n < end:
-            key = _radix_key(scores[row, n])
-        above_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key > kth)))
-        tie_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key == kth)))
-    if lane == 0:
-        sWarp[warp] = above_count
-        sWarp[warps + warp] = tie_count
-    cute.arch.sync_threads()
-    above_slot = cutlass.Int32(0)
-    tie_rank = cutlass.Int32(0)
-    for w in cutlass.range(warp, unroll=1):
-        above_slot += sWarp[w]
-        tie_rank += sWarp[warps + w]
-
-    earlier = cute.arch.lanemask_lt()
-    for base in cutlass.range(start, end, _WARP, unroll=1):
-        n = base + lane
-        key = cutlass.Uint32(0)
-        if n < end:
-            key = _radix_key(scores[row, n])
-        is_above = (n < end) & (key > kth)
-        is_tie = (n < end) & (key == kth)
-        above_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_above))
-        tie_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_tie))
-        if is_above:
-            slot = above_slot + cutlass.Int32(cute.arch.popc(above_mask & earlier))
-            out[row, slot] = cutlass.Int64(n)
-        if is_tie:
-            rank = tie_rank + cutlass.Int32(cute.arch.popc(tie_mask & earlier))
-            if rank < ties:
-                out[row, above_all + rank] = cutlass.Int64(n)
-        above_slot += cutlass.Int32(cute.arch.popc(above_mask))
-        tie_rank += cutlass.Int32(cute.arch.popc(tie_mask))
-
-
-@cute.jit
-def _launch_select(
-    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, context_lens: cute.Tensor,
-    stream: cuda.CUstream, next_n: cutlass.Constexpr, span: cutlass.Constexpr,
-    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr,
-):
-    # use_pdl: the select's launch overlaps the scores kernel's tail; it waits for it
-    # in griddepcontrol.wait. Rows are W wide, a multiple of 64: 16-byte loads always.
-    _select_rows(scores, hist, out, context_lens, next_n, span, threads, sorted_slots, by_bitmap, 4).launch(
-        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
-    )
 
 
 # --- host -----------------------------------------------------------------------------
@@ -1099,7 +650,7 @@ def compiled_scores_mma(heads: int, dim: int, next_n: int, stages: int, schedule
         _launch_scores_mma,
         _fake(fp8, (_runtime(), dim)), _fake(fp8, (_runtime(BLOCK_SIZE), dim)),
         _fake(cutlass.Float32, (_runtime(BLOCK_SIZE),)), _fake(cutlass.Float32, (_runtime(), heads)),
-        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), _BINS)),
+        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), BINS)),
         _fake(cutlass.Int32, (_runtime(), _runtime())), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         span // _TOKENS, next_n, stages * 2, turns, reduce_as_compiled(reduce, next_n),
     )
@@ -1108,13 +659,13 @@ def compiled_scores_mma(heads: int, dim: int, next_n: int, stages: int, schedule
 @functools.cache
 def compiled_select(next_n: int, topk: int, span: int, threads: int, by_bitmap: bool = True):
     """The select for one (next_n, top-k) and parameters, any batch and lengths, table
-    widths up to _BITMAP_TOKENS (by_bitmap) or past it; no GPU needed. Called with
+    widths up to BITMAP_TOKENS (by_bitmap) or past it; no GPU needed. Called with
     scores, hist, out, context_lens, stream."""
-    if not 1 <= topk <= _MAX_TOPK:
-        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {_MAX_TOPK} per row; got top-{topk}")
+    if not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {MAX_TOPK} per row; got top-{topk}")
     return cute.compile(
-        _launch_select,
-        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), _BINS)),
+        launch_paged_select,
+        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), BINS)),
         _fake(cutlass.Int64, (_runtime(), topk)), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         next_n, span, threads, 1 << (topk - 1).bit_length(), by_bitmap,
     )
@@ -1147,20 +698,20 @@ def forward(
                          f"weights [B*next_n, H]; got {tuple(q.shape)}, {tuple(kv_cache.shape)}, "
                          f"{tuple(kv_scale.shape)}, {tuple(block_table.shape)}, {tuple(context_lens.shape)}, "
                          f"{tuple(weights.shape)}")
-    if not 1 <= topk <= _MAX_TOPK:
-        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {_MAX_TOPK} per row; got top-{topk}")
+    if not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {MAX_TOPK} per row; got top-{topk}")
     # Both kernels are compiled (or found compiled) before anything is allocated, so a
     # point or shape they cannot run fails with nothing half done.
     width = block_table.shape[1] * BLOCK_SIZE
     span = PARAMS["SPAN"]
     kernel = compiled_scores_mma(heads, dim, next_n, PARAMS["STAGES"], PARAMS["SCHEDULE"], PARAMS["REDUCE"], span)
-    select = compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= _BITMAP_TOKENS)
+    select = compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= BITMAP_TOKENS)
     # Everything below follows from shapes: no length is read here.
     q, kv_cache, kv_scale, block_table, context_lens, weights = (
         _aligned(t) for t in (q, kv_cache, kv_scale, block_table, context_lens, weights))
     rows = batch * next_n
     scores = torch.empty(rows, width, dtype=torch.float32, device=q.device)
-    hist = torch.empty(-(-width // span), rows, _BINS, dtype=torch.int32, device=q.device)
+    hist = torch.empty(-(-width // span), rows, BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=q.device)
     stream = _stream(q)
     kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (
