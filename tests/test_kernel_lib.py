@@ -248,3 +248,54 @@ def test_the_child_cannot_read_the_projects_own_lib(tmp_path):
     result = _evaluate(_candidate(tmp_path, probe), lib)
     assert result.verdict != "rejected", result.guards
     assert os.path.exists(shipped)
+
+
+# -- the results file: what a sweep's candidates ran with ----------------------------------
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> list[dict]:
+    """One real sweep line of a shipped kernel (it imports no shared code)."""
+    import json
+
+    from runners.harness.sweep import sweep
+
+    out = tmp_path_factory.mktemp("swept") / "results.jsonl"
+    sweep("rmsnorm", "blocked", strategy="grid", budget=1, device="cpu", context_lengths=[64],
+          batch_sizes=[1], time_budget_s=0.05, out=out)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _read(lines: list[dict]):
+    import json
+
+    from runners.harness import results_file
+
+    return results_file.read("\n".join(json.dumps(line) for line in lines).encode())
+
+
+def test_a_results_file_holds_each_lib_file_and_every_result_names_only_those(swept):
+    import copy
+
+    from runners.harness.results_file import ResultsFileError
+
+    header, line = swept
+    assert header["lib_files"] == [] and line["result"]["lib_files"] == []
+    norms = textwrap.dedent(HONEST_LIB)
+    held = {"path": "norms.py", "sha256": hashlib.sha256(norms.encode()).hexdigest(), "source": norms}
+    good = copy.deepcopy(swept)
+    good[0]["lib_files"] = [held]
+    good[1]["result"]["lib_files"] = [{"path": "norms.py", "sha256": held["sha256"]}]
+    assert _read(good).header["lib_files"] == [held]
+
+    swapped = copy.deepcopy(good)
+    swapped[0]["lib_files"][0]["source"] = textwrap.dedent(SWAPPED_LIB)
+    with pytest.raises(ResultsFileError, match="norms.py: its sha256 is not that of its source"):
+        _read(swapped)
+    unheld = copy.deepcopy(good)
+    unheld[1]["result"]["lib_files"] = [{"path": "other.py", "sha256": held["sha256"]}]
+    with pytest.raises(ResultsFileError, match="ran lib file 'other.py'"):
+        _read(unheld)
+    outside = copy.deepcopy(good)
+    outside[0]["lib_files"][0]["path"] = "../norms.py"
+    with pytest.raises(ResultsFileError, match="a relative path of a .py file"):
+        _read(outside)
