@@ -503,6 +503,14 @@ def _select_row(
         _select_by_passes(scores, out, row, top, need, prefix, sHist, sWarp, sFound, threads)
 
 
+def select_bucket(context: int) -> tuple[int, bool]:
+    """What the select compiles for a context (at most four kernels per shape and
+    parameters, not one per length): its 16-byte loads need rows 16-byte aligned
+    (vec 4) or take one score at a time (vec 1); past BITMAP_TOKENS the chosen are
+    listed and sorted instead of marked in a bitmap."""
+    return (4 if context % 4 == 0 else 1), context <= BITMAP_TOKENS
+
+
 @cute.kernel
 def _select_rows(
     scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, threads: cutlass.Constexpr,

@@ -80,8 +80,12 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from runners.kernel_lib.indexer_scores import (
+    ALIGN, HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
+    fake_tensor, head_sums,
+)
 from runners.kernel_lib.indexer_select import (
-    BINS, BITMAP_TOKENS, MAX_TOPK, launch_select, record, write_hist,
+    BINS, BITMAP_TOKENS, MAX_TOPK, launch_select, record, select_bucket, write_hist,
 )
 
 # The point kept on the H200 (2026-11-30): 0.431 ms at 256K, 1.10x the issue's floor
@@ -104,23 +108,12 @@ SPACE = {
 
 # Context tokens per key tile: the M of two warpgroups' 64-row wgmma.
 _TOKENS = 128
-_MMA_THREADS = 256
 _SIMT_THREADS = 128
 # Hopper: H200 and H100 SXM.
 _DEFAULT_SMS = 132
 
 # How many MMA warpgroups take turns on the tensor cores ("cooperative": two as one).
 _SCHEDULES = {"cooperative": 1, "pingpong": 2, "roundrobin": 3}
-_REDUCTIONS = ("shuffle", "scatter", "mma")
-# REDUCE="mma": the head-weighted sum is a second wgmma, m64n8k16 with the ReLU'd scores
-# as its A (bfloat16, in registers) and the weights as its B; column n of B holds query
-# row n % ROWS's weights, so every lane of a quad ends with whole sums.
-_HEAD_SUM_N = 8
-# Registers per thread once the loading warpgroup gives its own up: 40 for it, and for
-# each MMA warpgroup as many as fill the SM's 64K (multiples of 8): 232 when two take
-# turns, 152 when three do (their accumulators then hold at most 128 columns).
-_LOADER_REGISTERS = 40
-_MMA_REGISTERS = {2: 232, 3: 152}
 
 _MMA_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 _DTYPES = {torch.float32: cutlass.Float32, **_MMA_DTYPES}
@@ -160,47 +153,6 @@ def _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, loads):
         keys.producer_commit(producer)
         producer.advance()
     return producer
-
-
-@dsl_user_op
-def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
-    """relu(low) and relu(high) rounded to bfloat16, packed low first: one cvt."""
-    return cutlass.Int32(llvm.inline_asm(
-        T.i32(),
-        [cutlass.Float32(low).ir_value(loc=loc, ip=ip), cutlass.Float32(high).ir_value(loc=loc, ip=ip)],
-        "cvt.rn.relu.bf16x2.f32 $0, $2, $1;",
-        "=r,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-def _as_operand_a(cols: int) -> cute.Layout:
-    """An accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
-    A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
-    16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
-    FlashAttention-3 makes of P)."""
-    return cute.make_layout(((2, 2, 2), 1, cols // 16), stride=((1, 2, 4), 0, 8))
-
-
-@cute.jit
-def _head_sums(
-    head_mma: cute.TiledMma, head_acc: cute.Tensor, acc: cute.Tensor, relu: cute.Tensor,
-    tCrW: cute.Tensor, cols: cutlass.Constexpr,
-):
-    """head_acc = relu(acc) @ W on the tensor cores: one cvt per two scores, then
-    cols/16 wgmma of m64n8k16. The caller waits for them."""
-    packed = cute.recast_tensor(relu, cutlass.Int32)
-    for i in cutlass.range_constexpr(cute.size(packed)):
-        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
-    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
-    warpgroup.fence()
-    for kb in cutlass.range_constexpr(cols // 16):
-        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
-    warpgroup.commit_group()
-    return head_mma
 
 
 @cute.jit
@@ -328,7 +280,7 @@ def _score_threads(turns: int) -> int:
     """The two cooperative MMA warpgroups; or those taking turns and one more that loads
     (a whole warpgroup, so registers can move from it to them: nine warps alone would
     cap every thread at 168 registers, and ROWS=4's accumulators need more)."""
-    return _MMA_THREADS if turns == 1 else (turns + 1) * _MMA_THREADS // 2
+    return MMA_THREADS if turns == 1 else (turns + 1) * MMA_THREADS // 2
 
 
 @cute.jit
@@ -362,7 +314,7 @@ def _consume(
     if cutlass.const_expr(reduce == "mma"):
         thr_head = head_mma.get_slice(tidx % 128 if turns > 1 else tidx)
         tCrW = head_mma.make_fragment_B(thr_head.partition_B(sHeadW))
-        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((tokens, _HEAD_SUM_N)), cutlass.Float32)
+        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((tokens, HEAD_SUM_N)), cutlass.Float32)
         assert cute.size(head_acc) == 4
         # The ReLU'd scores in bfloat16, the head-sum MMA's A.
         relu = cute.make_rmem_tensor(acc.layout, cutlass.BFloat16)
@@ -394,7 +346,7 @@ def _consume(
                 read.advance()
             for t in cutlass.range(turn, tile_count, turns, unroll=1):
                 token = _lane_token(tCcC, (first_tile + t) * tokens, quad)
-                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+                head_mma = head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
                 following = t + turns
                 if following < tile_count:
                     tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
@@ -432,7 +384,7 @@ def _consume(
                 keys.consumer_release(release)
                 release.advance()
                 producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, warp == 0)
-                head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+                head_mma = head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
                 if t + 1 < tile_count:
                     keys.consumer_wait(read)
                     tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
@@ -465,11 +417,11 @@ def _issue_turn(
     """Taking turns: wait for this warpgroup's turn (past the first tile) and tile t's keys,
     start its MMA, then hand the turn on if a tile follows. Returns the tiled MMA."""
     if t > 0:
-        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=MMA_THREADS)
     keys.consumer_wait(read)
     tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index, dim)
     if t + 1 < tile_count:
-        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=MMA_THREADS)
     return tiled_mma
 
 
@@ -544,7 +496,7 @@ def _score_tiles(
     else:
         # The head-sum MMA's B, [8, ROWS*H]: column n holds row n % ROWS's weights
         # under that row's heads and zeros elsewhere.
-        for i in cutlass.range(tidx, _HEAD_SUM_N * cols, threads, unroll=1):
+        for i in cutlass.range(tidx, HEAD_SUM_N * cols, threads, unroll=1):
             n, c = i // cols, i % cols
             weight = cutlass.Float32(0.0)
             if c // heads == n % rows and row0 + c // heads < weights.shape[0]:
@@ -578,12 +530,12 @@ def _score_tiles(
         # Registers move to the MMA warpgroups inside the branches that use them, so
         # the compiler gives each side its own budget.
         if warp >= loader:
-            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            cute.arch.setmaxregister_decrease(LOADER_REGISTERS)
             if warp == loader:
                 for _ in cutlass.range(tile_count, unroll=1):
                     producer = _refill(keys, producer, tma_k, tKgK, tKsK, first_tile, tile_count, True)
         else:
-            cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
+            cute.arch.setmaxregister_increase(MMA_REGISTERS[turns])
             _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, producer, tma_k, tKgK, tKsK,
                      scores, sHist, first_tile, tile_count, row0, rows, heads, dim, stages, turns, reduce)
     else:
@@ -625,11 +577,11 @@ def _launch_scores_mma(
     # whose K is the accumulator's columns; its B, the weights, K-major in shared memory.
     head_mma = sm90_utils.make_trivial_tiled_mma(
         cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (1 if turns > 1 else 2, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
+        cutlass.Float32, (1 if turns > 1 else 2, 1, 1), tiler_mn=(64, HEAD_SUM_N),
         a_source=warpgroup.OperandSource.RMEM,
     )
     w_layout = sm90_utils.make_smem_layout_b(
-        LayoutEnum.ROW_MAJOR, (tokens, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
+        LayoutEnum.ROW_MAJOR, (tokens, HEAD_SUM_N, cols), cutlass.BFloat16, 1
     )
     groups = cute.ceil_div(scores.shape[0], rows)
     _score_tiles(
@@ -694,35 +646,10 @@ def _launch_scores_simt(
 
 # --- host -----------------------------------------------------------------------------
 
-# TMA and wide loads need 16-byte aligned tensors; compile and launch agree on that.
-_ALIGN = 16
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    # A view may start mid-allocation; a fresh copy starts where the allocator aligns.
-    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
-
-
-def _fake(dtype, shape: tuple):
-    """A row-major global tensor of this shape, described, not allocated; a dimension
-    given as a cute.sym_int is a runtime value, bound at each call."""
-    return make_fake_compact_tensor(
-        dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
-    )
-
 
 def _length():
     """A context length or a split count: a runtime value, so a new one compiles nothing."""
     return cute.sym_int32()
-
-
-def select_bucket(context: int) -> tuple[int, bool]:
-    """What the select compiles for a context (at most four kernels per shape and
-    parameters, not one per length): its 16-byte loads need rows 16-byte aligned
-    (vec 4) or take one score at a time (vec 1); past BITMAP_TOKENS the chosen are
-    listed and sorted instead of marked in a bitmap."""
-    return (4 if context % 4 == 0 else 1), context <= BITMAP_TOKENS
 
 
 @functools.cache
@@ -766,17 +693,17 @@ def compiled_scores_mma(
         raise ValueError(f"SCHEDULE is one of {tuple(_SCHEDULES)}; got {schedule!r}")
     turns = _SCHEDULES[schedule]
     if turns == 3 and rows * heads > 128:
-        raise ValueError(f"SCHEDULE='roundrobin' keeps {_MMA_REGISTERS[3]} registers a thread, room for "
+        raise ValueError(f"SCHEDULE='roundrobin' keeps {MMA_REGISTERS[3]} registers a thread, room for "
                          f"ROWS*H <= 128 accumulator columns; got ROWS={rows}, H={heads}")
-    if reduce not in _REDUCTIONS:
-        raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"REDUCE is one of {REDUCTIONS}; got {reduce!r}")
     element = _MMA_DTYPES[dtype]
     halves = 2 if turns > 1 else 1
     return cute.compile(
         _launch_scores_mma,
-        _fake(element, (rows_m * heads, dim)), _fake(element, (_length(), dim)),
-        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, _length())),
-        _fake(cutlass.Int32, (_length(), rows_m, BINS)), cuda.CUstream(0), 1, rows, stages * halves,
+        fake_tensor(element, (rows_m * heads, dim)), fake_tensor(element, (_length(), dim)),
+        fake_tensor(_DTYPES[weight_dtype], (rows_m, heads)), fake_tensor(cutlass.Float32, (rows_m, _length())),
+        fake_tensor(cutlass.Int32, (_length(), rows_m, BINS)), cuda.CUstream(0), 1, rows, stages * halves,
         turns, reduce_as_compiled(reduce, rows),
     )
 
@@ -789,9 +716,9 @@ def compiled_scores_simt(
     Called with the tensors, the stream and the tokens per CTA (`_simt_splits`)."""
     return cute.compile(
         _launch_scores_simt,
-        _fake(cutlass.Float32, (rows_m, heads, dim)), _fake(cutlass.Float32, (_length(), dim)),
-        _fake(_DTYPES[weight_dtype], (rows_m, heads)), _fake(cutlass.Float32, (rows_m, _length())),
-        _fake(cutlass.Int32, (_length(), rows_m, BINS)), cuda.CUstream(0), 1,
+        fake_tensor(cutlass.Float32, (rows_m, heads, dim)), fake_tensor(cutlass.Float32, (_length(), dim)),
+        fake_tensor(_DTYPES[weight_dtype], (rows_m, heads)), fake_tensor(cutlass.Float32, (rows_m, _length())),
+        fake_tensor(cutlass.Int32, (_length(), rows_m, BINS)), cuda.CUstream(0), 1,
     )
 
 
@@ -806,17 +733,10 @@ def compiled_select(rows_m: int, topk: int, threads: int, vec: int = 4, by_bitma
     context = cute.sym_int32(divisibility=vec)
     return cute.compile(
         launch_select,
-        _fake(cutlass.Float32, (rows_m, context)), _fake(cutlass.Int32, (_length(), rows_m, BINS)),
-        _fake(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
+        fake_tensor(cutlass.Float32, (rows_m, context)), fake_tensor(cutlass.Int32, (_length(), rows_m, BINS)),
+        fake_tensor(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
         1 << (topk - 1).bit_length(), by_bitmap, vec,
     )
-
-
-def _stream(t: torch.Tensor) -> cuda.CUstream:
-    """Torch's current stream on the tensor's device: the one a CUDA graph is being
-    captured on, when it is (a launch on any other stream would not be captured). The
-    null stream for a tensor off the GPU, whose launch then fails for want of one."""
-    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
 
 
 def forward(
@@ -831,7 +751,7 @@ def forward(
     context = k.shape[0]
     if context < topk:
         raise ValueError(f"{context} context tokens leave no top-{topk}")
-    q, k, weights = _aligned(q), _aligned(k), _aligned(weights)
+    q, k, weights = aligned(q), aligned(k), aligned(weights)
     sms = _sms()
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     if q.dtype == torch.float32:
@@ -850,9 +770,9 @@ def forward(
         span = per_cta * (2 if _SCHEDULES[PARAMS["SCHEDULE"]] > 1 else 1)
     hist = torch.empty(splits, rows_m, BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
-    stream = _stream(q)
-    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (*score_args, weights, scores, hist)), stream, span)
+    stream = current_stream(q)
+    kernel(*(from_dlpack(t, assumed_align=ALIGN) for t in (*score_args, weights, scores, hist)), stream, span)
     compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(
-        *(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out)), stream
+        *(from_dlpack(t, assumed_align=ALIGN) for t in (scores, hist, out)), stream
     )
     return out

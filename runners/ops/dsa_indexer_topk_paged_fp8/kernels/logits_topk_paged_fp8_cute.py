@@ -68,6 +68,10 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from runners.kernel_lib.indexer_scores import (
+    ALIGN, HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
+    fake_tensor, head_sums,
+)
 from runners.kernel_lib.indexer_select import (
     BINS, BITMAP_TOKENS, MAX_TOPK, launch_paged_select, radix_key, record, write_hist,
 )
@@ -93,23 +97,12 @@ SPACE = {
 # Context tokens per key tile: one warpgroup's 64-row wgmma, and one cache block.
 _TOKENS = 64
 BLOCK_SIZE = 64
-_MMA_THREADS = 256
 
 _FP8 = torch.float8_e4m3fn
 # How many MMA warpgroups take turns on the tensor cores. (The dense kernel's
 # "cooperative", two warpgroups on one 128-token tile, would need two cache blocks per
 # tile: left out, as in the bf16 paged kernel.)
 _SCHEDULES = {"pingpong": 2, "roundrobin": 3}
-_REDUCTIONS = ("shuffle", "scatter", "mma")
-# REDUCE="mma": the head-weighted sum is a second wgmma, m64n8k16 with the ReLU'd scores
-# as its A (bfloat16, in registers) and the weights as its B; column n of B holds query
-# row n % ROWS's weights, so every lane of a quad ends with whole sums.
-_HEAD_SUM_N = 8
-# Registers per thread once the loading warpgroup gives its own up: 40 for it, and for
-# each MMA warpgroup as many as fill the SM's 64K (multiples of 8): 232 when two take
-# turns, 152 when three do (their accumulators then hold at most 128 columns).
-_LOADER_REGISTERS = 40
-_MMA_REGISTERS = {2: 232, 3: 152}
 
 
 # --- shared device helpers ------------------------------------------------------------
@@ -175,47 +168,6 @@ def _lane_scales(
         tokens.append(tile_start + slot)
         scales.append(kv_scale[block * BLOCK_SIZE + slot])
     return tokens, scales
-
-
-@dsl_user_op
-def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
-    """relu(low) and relu(high) rounded to bfloat16, packed low first: one cvt."""
-    return cutlass.Int32(llvm.inline_asm(
-        T.i32(),
-        [cutlass.Float32(low).ir_value(loc=loc, ip=ip), cutlass.Float32(high).ir_value(loc=loc, ip=ip)],
-        "cvt.rn.relu.bf16x2.f32 $0, $2, $1;",
-        "=r,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-def _as_operand_a(cols: int) -> cute.Layout:
-    """An accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
-    A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
-    16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
-    FlashAttention-3 makes of P)."""
-    return cute.make_layout(((2, 2, 2), 1, cols // 16), stride=((1, 2, 4), 0, 8))
-
-
-@cute.jit
-def _head_sums(
-    head_mma: cute.TiledMma, head_acc: cute.Tensor, acc: cute.Tensor, relu: cute.Tensor,
-    tCrW: cute.Tensor, cols: cutlass.Constexpr,
-):
-    """head_acc = relu(acc) @ W on the tensor cores: one cvt per two scores, then
-    cols/16 wgmma of m64n8k16. The caller waits for them."""
-    packed = cute.recast_tensor(relu, cutlass.Int32)
-    for i in cutlass.range_constexpr(cute.size(packed)):
-        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
-    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
-    warpgroup.fence()
-    for kb in cutlass.range_constexpr(cols // 16):
-        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
-    warpgroup.commit_group()
-    return head_mma
 
 
 @cute.jit
@@ -319,7 +271,7 @@ def reduce_as_compiled(reduce: str, rows: int) -> str:
 def _score_threads(turns: int) -> int:
     """The MMA warpgroups taking turns and one more that loads (a whole warpgroup, so
     registers can move from it to them)."""
-    return (turns + 1) * _MMA_THREADS // 2
+    return (turns + 1) * MMA_THREADS // 2
 
 
 @cute.jit
@@ -354,7 +306,7 @@ def _consume(
     if cutlass.const_expr(reduce == "mma"):
         thr_head = head_mma.get_slice(tidx % 128)
         tCrW = head_mma.make_fragment_B(thr_head.partition_B(sHeadW))
-        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((_TOKENS, _HEAD_SUM_N)), cutlass.Float32)
+        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((_TOKENS, HEAD_SUM_N)), cutlass.Float32)
         assert cute.size(head_acc) == 4
         # The ReLU'd scores in bfloat16, the head-sum MMA's A.
         relu = cute.make_rmem_tensor(acc.layout, cutlass.BFloat16)
@@ -386,7 +338,7 @@ def _consume(
         for t in cutlass.range(turn, tile_count, turns, unroll=1):
             lane_tokens, lane_scales = _lane_scales(
                 tCcC, kv_scale, blocks[first_tile + t], (first_tile + t) * _TOKENS, rows, quad, reduce)
-            head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+            head_mma = head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
             following = t + turns
             if following < tile_count:
                 tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
@@ -424,11 +376,11 @@ def _issue_turn(
     """Taking turns: wait for this warpgroup's turn (past the first tile) and tile t's keys,
     start its MMA, then hand the turn on if a tile follows. Returns the tiled MMA."""
     if t > 0:
-        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=MMA_THREADS)
     keys.consumer_wait(read)
     tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
     if t + 1 < tile_count:
-        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=MMA_THREADS)
     return tiled_mma
 
 
@@ -507,7 +459,7 @@ def _score_tiles(
         else:
             # The head-sum MMA's B, [8, ROWS*H]: column n holds row n % ROWS's weights
             # under that row's heads and zeros elsewhere.
-            for i in cutlass.range(tidx, _HEAD_SUM_N * cols, threads, unroll=1):
+            for i in cutlass.range(tidx, HEAD_SUM_N * cols, threads, unroll=1):
                 n, c = i // cols, i % cols
                 weight = cutlass.Float32(0.0)
                 if c // heads == n % rows:
@@ -538,13 +490,13 @@ def _score_tiles(
         # Registers move to the MMA warpgroups inside the branches that use them, so the
         # compiler gives each side its own budget.
         if warp >= loader:
-            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            cute.arch.setmaxregister_decrease(LOADER_REGISTERS)
             if warp == loader:
                 producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
                 for _ in cutlass.range(tile_count, unroll=1):
                     producer = _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count)
         else:
-            cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
+            cute.arch.setmaxregister_increase(MMA_REGISTERS[turns])
             _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, kv_scale, blocks, scores, sHist,
                      first_tile, tile_count, row0, seq_end, rows, heads, turns, stages, reduce)
 
@@ -581,11 +533,11 @@ def _launch_scores_mma(
     # whose K is the accumulator's columns; its B, the weights, K-major in shared memory.
     head_mma = sm90_utils.make_trivial_tiled_mma(
         cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (1, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
+        cutlass.Float32, (1, 1, 1), tiler_mn=(64, HEAD_SUM_N),
         a_source=warpgroup.OperandSource.RMEM,
     )
     w_layout = sm90_utils.make_smem_layout_b(
-        LayoutEnum.ROW_MAJOR, (_TOKENS, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
+        LayoutEnum.ROW_MAJOR, (_TOKENS, HEAD_SUM_N, cols), cutlass.BFloat16, 1
     )
     # (spans of the widest sequence the block table holds, sequences): from shapes only.
     _score_tiles(
@@ -595,23 +547,6 @@ def _launch_scores_mma(
 
 
 # --- host -----------------------------------------------------------------------------
-
-# TMA and wide loads need 16-byte aligned tensors; compile and launch agree on that.
-_ALIGN = 16
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    # A view may start mid-allocation; a fresh copy starts where the allocator aligns.
-    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
-
-
-def _fake(dtype, shape: tuple):
-    """A row-major global tensor of this shape, described, not allocated; a dimension
-    given as a cute.sym_int is a runtime value, bound at each call."""
-    return make_fake_compact_tensor(
-        dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
-    )
 
 
 def _runtime(divisibility: int = 1):
@@ -631,8 +566,8 @@ def _check_params(heads: int, dim: int, next_n: int, schedule: str, reduce: str,
     if next_n * heads > columns or heads % 8 or dim % 128:
         raise ValueError(f"SCHEDULE={schedule!r} needs next_n*H <= {columns}, H % 8 == 0, D % 128 == 0; "
                          f"got next_n={next_n}, H={heads}, D={dim}")
-    if reduce not in _REDUCTIONS:
-        raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"REDUCE is one of {REDUCTIONS}; got {reduce!r}")
     if span % BLOCK_SIZE:
         raise ValueError(f"SPAN is whole {BLOCK_SIZE}-token blocks; got {span}")
     return turns
@@ -648,10 +583,10 @@ def compiled_scores_mma(heads: int, dim: int, next_n: int, stages: int, schedule
     fp8 = cutlass.Float8E4M3FN
     return cute.compile(
         _launch_scores_mma,
-        _fake(fp8, (_runtime(), dim)), _fake(fp8, (_runtime(BLOCK_SIZE), dim)),
-        _fake(cutlass.Float32, (_runtime(BLOCK_SIZE),)), _fake(cutlass.Float32, (_runtime(), heads)),
-        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), BINS)),
-        _fake(cutlass.Int32, (_runtime(), _runtime())), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
+        fake_tensor(fp8, (_runtime(), dim)), fake_tensor(fp8, (_runtime(BLOCK_SIZE), dim)),
+        fake_tensor(cutlass.Float32, (_runtime(BLOCK_SIZE),)), fake_tensor(cutlass.Float32, (_runtime(), heads)),
+        fake_tensor(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), fake_tensor(cutlass.Int32, (_runtime(), _runtime(), BINS)),
+        fake_tensor(cutlass.Int32, (_runtime(), _runtime())), fake_tensor(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         span // _TOKENS, next_n, stages * 2, turns, reduce_as_compiled(reduce, next_n),
     )
 
@@ -665,17 +600,10 @@ def compiled_select(next_n: int, topk: int, span: int, threads: int, by_bitmap: 
         raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {MAX_TOPK} per row; got top-{topk}")
     return cute.compile(
         launch_paged_select,
-        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), BINS)),
-        _fake(cutlass.Int64, (_runtime(), topk)), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
+        fake_tensor(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), fake_tensor(cutlass.Int32, (_runtime(), _runtime(), BINS)),
+        fake_tensor(cutlass.Int64, (_runtime(), topk)), fake_tensor(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         next_n, span, threads, 1 << (topk - 1).bit_length(), by_bitmap,
     )
-
-
-def _stream(t: torch.Tensor) -> cuda.CUstream:
-    """Torch's current stream on the tensor's device: the one a CUDA graph is being
-    captured on, when it is (a launch on any other stream would not be captured). The
-    null stream for a tensor off the GPU, whose launch then fails for want of one."""
-    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
 
 
 def forward(
@@ -708,14 +636,14 @@ def forward(
     select = compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= BITMAP_TOKENS)
     # Everything below follows from shapes: no length is read here.
     q, kv_cache, kv_scale, block_table, context_lens, weights = (
-        _aligned(t) for t in (q, kv_cache, kv_scale, block_table, context_lens, weights))
+        aligned(t) for t in (q, kv_cache, kv_scale, block_table, context_lens, weights))
     rows = batch * next_n
     scores = torch.empty(rows, width, dtype=torch.float32, device=q.device)
     hist = torch.empty(-(-width // span), rows, BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=q.device)
-    stream = _stream(q)
-    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (
+    stream = current_stream(q)
+    kernel(*(from_dlpack(t, assumed_align=ALIGN) for t in (
         q.view(rows * heads, dim), kv_cache.view(-1, dim), kv_scale.view(-1), weights, scores, hist, block_table,
         context_lens)), stream)
-    select(*(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out, context_lens)), stream)
+    select(*(from_dlpack(t, assumed_align=ALIGN) for t in (scores, hist, out, context_lens)), stream)
     return out
