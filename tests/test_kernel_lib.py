@@ -299,3 +299,42 @@ def test_a_results_file_holds_each_lib_file_and_every_result_names_only_those(sw
     outside[0]["lib_files"][0]["path"] = "../norms.py"
     with pytest.raises(ResultsFileError, match="a relative path of a .py file"):
         _read(outside)
+
+
+def test_a_compound_stage_kernel_that_imports_shared_code_runs_with_the_served_copy(tmp_path):
+    # The jail hides the project's runners/kernel_lib: without the served copy this
+    # stage could not even load.
+    import json
+
+    from tests.test_compound import _stages_file
+
+    loop = "dsa_indexer_topk_paged"
+    kernel = tmp_path / "shared_rmsnorm.py"
+    kernel.write_text(textwrap.dedent('''
+        import runners.kernel_lib as shared
+        import torch
+
+        assert shared.__doc__, "the served package, docstring and all"
+
+
+        def forward(x, weight, eps):
+            hidden = x.float()
+            return (hidden * torch.rsqrt(hidden.square().mean(-1, keepdim=True) + eps)
+                    * weight.float()).to(x.dtype)
+    '''))
+    baselines = {"rmsnorm": ROOT / "runners/ops/rmsnorm/baseline.py",
+                 loop: ROOT / f"runners/ops/{loop}/baseline.py"}
+    stages = _stages_file(tmp_path, loop, [("shipped baselines", baselines),
+                                           ("shared rmsnorm", {**baselines, "rmsnorm": kernel})])
+    done = subprocess.run([sys.executable, "-m", "runners.harness", "compound", str(stages), "--json",
+                           "--seed", "7", "--time-budget", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [stage["label"] for stage in json.loads(done.stdout)["stages"]] == ["shipped baselines", "shared rmsnorm"]
+
+
+def test_a_lib_folder_that_is_not_there_is_a_usage_error(tmp_path):
+    from runners.harness.evaluate import UsageError
+
+    with pytest.raises(UsageError, match="no lib folder at"):
+        _evaluate(_candidate(tmp_path), tmp_path / "missing")
