@@ -270,7 +270,7 @@ def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     if not isinstance(ran, list) or not all(isinstance(entry, dict) for entry in ran):
         return "'lib_files' must be a list of {\"path\", \"sha256\"}"
     for entry in ran:
-        if held.get(entry.get("path")) != entry.get("sha256"):
+        if not isinstance(entry.get("path"), str) or held.get(entry["path"]) != entry.get("sha256"):
             return (f"the result ran lib file {str(entry.get('path'))[:100]!r} "
                     f"(sha256 {str(entry.get('sha256'))[:16]}), which the header does not hold")
     # CONTRACTS §4: the verdict follows from the rest, so a hand-edited one shows.
