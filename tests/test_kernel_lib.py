@@ -338,3 +338,18 @@ def test_a_lib_folder_that_is_not_there_is_a_usage_error(tmp_path):
 
     with pytest.raises(UsageError, match="no lib folder at"):
         _evaluate(_candidate(tmp_path), tmp_path / "missing")
+
+
+def test_a_shipped_triton_kernel_runs_in_the_jail_with_its_served_shared_code():
+    # Triton reads a jit function's source where it is defined: in the child that is the
+    # served copy, the only one the jail shows.
+    from runners.ops import get_op
+
+    kernel = get_op("dsa_indexer_topk").kernels()["partial_topk_triton"]
+    shared = imports.resolve(kernel.read_text(), kernel.name)
+    assert [file.path for file in shared] == ["__init__.py", "topk_triton.py"]
+    result = evaluate("dsa_indexer_topk", kernel, dsl="triton", context_lengths=[2048], batch_sizes=[1],
+                      time_budget_s=0.05, limits=Limits(import_s=60, call_s=60), seed=20261205)
+    assert result.correct is True, result.guards
+    assert result.lib_files == [file.provenance() for file in shared]
+    assert {guard.name: guard.status for guard in result.guards}["imports"] == "pass"
