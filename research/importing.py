@@ -25,7 +25,7 @@ from research.models import ApiToken, Sweep, Thesis
 from research.provenance import import_provenance
 from runners import ops, space
 from runners.harness import results_file
-from runners.harness.source_checks import first_failure, source_checks
+from runners.harness.source_checks import first_failure, lib_checks, source_checks
 
 # Sweep.context of an imported sweep starts with this and the hash of what the file
 # says (content_digest): importing the same results again is refused by looking it up.
@@ -46,6 +46,10 @@ def content_digest(parsed: results_file.ResultsFile) -> str:
     and line ends do not count). A file re-imported under a new run id, seed, machine or
     any other description of its run, or re-serialised, has the same digest."""
     header = {key: parsed.header.get(key) for key in _MEASURED_HEADER}
+    if parsed.header.get("lib_files"):
+        # The shared code the candidates ran with is measured too; a file without any
+        # keeps the digest it had before files could hold it.
+        header["lib_files"] = parsed.header["lib_files"]
     lines = [{"params": line.params, "source": line.source,
               "result": {key: line.result.get(key) for key in _MEASURED_RESULT}}
              for line in parsed.candidates]
@@ -103,6 +107,9 @@ def _check_against_thesis(parsed: results_file.ResultsFile, thesis: Thesis, hard
             f"line 1: the results cover workloads {', '.join(measured)}; thesis #{thesis.pk} asks for "
             f"{', '.join(expected)} (run the sweep with --ctx {','.join(map(str, thesis.context_lengths))} "
             f"--batch {','.join(map(str, thesis.batch_sizes))})")
+    failed = first_failure(lib_checks(header.get("lib_files", []), thesis.required_dsl))
+    if failed is not None:
+        raise _refuse(f"line 1: the shared code fails the {failed.name} check a worker runs: {failed.detail}")
     for line, candidate in enumerate(parsed.candidates, start=2):
         unknown = [w["name"] for w in candidate.result["workloads"] if w["name"] not in expected]
         if unknown:

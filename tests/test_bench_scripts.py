@@ -142,7 +142,7 @@ def test_the_h200_targets_time_other_versions_of_a_kernel_file_at_their_own_para
 def test_the_scores_ablation_still_finds_what_it_takes_out_of_each_kept_kernel():
     ablation = _h200_script("scores_ablation")
     for op_name, (kernel, _) in ablation.KEPT.items():
-        source = get_op(op_name).kernels()[kernel].read_text()
+        source = ablation.with_own_copies(get_op(op_name).kernels()[kernel].read_text())
         for label, edits in ablation.ABLATIONS[kernel]:
             copy = ablation.ablated(source, edits)
             assert copy != source, (kernel, label)

@@ -517,3 +517,19 @@ def test_create_api_token_prints_a_token_that_authenticates(client, user, thesis
     token = capsys.readouterr().out.strip()
     assert ApiToken.objects.get().name == "ci-runner"
     assert client.get(f"/api/theses/{thesis.pk}", headers=_auth(token)).status_code == 200
+
+
+def test_an_import_checks_the_shared_code_its_candidates_ran_with(results_path, thesis, user, tmp_path):
+    # The file holds its kernel's shared code; a forged lib file that turns TF32 on is
+    # refused, naming it, before anything is written.
+    import hashlib
+
+    lines = _lines(results_path)
+    source = "import torch\n\ntorch.backends.cuda.matmul.allow_tf32 = True\n"
+    lines[0]["lib_files"] = [{"path": "norms.py", "sha256": hashlib.sha256(source.encode()).hexdigest(),
+                              "source": source}]
+    forged = _write(tmp_path, lines)
+    with pytest.raises(CommandError) as error:
+        call_command("import_results", str(forged), thesis=thesis.pk, user=user.username)
+    assert "runners/kernel_lib/norms.py" in str(error.value) and "allow_tf32" in str(error.value)
+    assert _nothing_written()

@@ -195,11 +195,11 @@ INDEXER_COMMON = textwrap.dedent("""
         }
 
     def out_of_order(module):
-        # Up to _BITMAP_TOKENS the select marks the chosen in a bitmap and writes them in
+        # Up to BITMAP_TOKENS the select marks the chosen in a bitmap and writes them in
         # token order; past it, it lists them and sorts the list. Both must be right, and
         # ascending. (3 query rows: the long context's reference logits stay small.)
         wrong = []
-        for context in (5000, module._BITMAP_TOKENS + 5000):
+        for context in (5000, module.BITMAP_TOKENS + 5000):
             inputs = op.make_inputs(op.build_workloads("cuda", [context], [3])[0], 15, "normal")
             got = module.forward(*inputs.values())
             correct, detail = op.check(got, op.reference(inputs), inputs)

@@ -744,3 +744,17 @@ def test_the_review_page_of_a_kept_candidate_offers_the_undo_and_then_shows_it(c
     assert 'id="undo-form"' not in page
     # A second undo, from the page opened before: 409.
     assert _decide(client, make_reviewer("hedy"), waiting_win, decision="undo", comment="again").status_code == 409
+
+
+def test_the_page_lists_the_shared_files_the_candidate_ran_with_and_their_hashes(client, people, workspace_dir,
+                                                                                  no_enqueue):
+    sweep = start_sweep(make_thesis(people.author), people.producer)
+    digest = "ab" * 32
+    result = {**recorded_result(), "lib_files": [{"path": "indexer_select.py", "sha256": digest}]}
+    candidate = record(sweep.candidates.get(number=1), result)
+    plain = record(sweep.candidates.get(number=2), recorded_result())
+    client.force_login(people.reviewer)
+    page = client.get(reverse("candidate_review", args=[candidate.pk])).content.decode()
+    table = page[page.index('id="lib-files"'):]
+    assert "indexer_select.py" in table and digest in table
+    assert 'id="lib-files"' not in client.get(reverse("candidate_review", args=[plain.pk])).content.decode()

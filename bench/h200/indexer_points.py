@@ -77,7 +77,7 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     rows = module.mma_rows(rows, heads, schedule)
     splits, per_cta = module._mma_splits(rows_m, context, rows, sms)
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
-    hist = torch.empty(splits, rows_m, module._BINS, dtype=torch.int32, device=q.device)
+    hist = torch.empty(splits, rows_m, module.BINS, dtype=torch.int32, device=q.device)
     shape = (rows_m, heads, dim, rows, stages, weights.dtype, schedule, reduce)
     # Taking turns, a tile is one warpgroup's 64 tokens: twice the 128-token count.
     span = per_cta * (2 if module._SCHEDULES[schedule] > 1 else 1)
@@ -90,7 +90,7 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     arguments = [from_dlpack(t, assumed_align=16) for t in tensors]
 
     def launch(*_unused):
-        kernel(*arguments, module._stream(q), span)
+        kernel(*arguments, module.current_stream(q), span)
     return launch, scores, hist
 
 

@@ -88,7 +88,7 @@ def main() -> None:
                 tensors = [from_dlpack(t, assumed_align=16) for t in (scores, hist, out_idx)]
 
                 def launch(*_unused, select=select, tensors=tensors):
-                    select(*tensors, module._stream(q))
+                    select(*tensors, module.current_stream(q))
 
                 row[f"select threads={threads}"] = statistics.median(time_graph(launch, {}, args.replays, flush))
             out.write(json.dumps(row) + "\n")

@@ -4,7 +4,9 @@ scores launch timed alone, beside copies of it with part of its work taken out.
     python3 bench/h200/scores_ablation.py [--ctx 262144] [--replays 30] [--out ablation.jsonl]
         [--files '[["label", "dsa_indexer_topk_fp8", "path/to/kernel.py"]]']
 
-A copy is the kept kernel file with edits (ABLATIONS): "no stores" drops every
+A copy is the kept kernel file with its own copies of the shared functions the
+ablations edit (`record`, `head_sums`, from runners/kernel_lib: `with_own_copies`),
+then edits (ABLATIONS): "no stores" drops every
 score's store and histogram count; "MMA only" (e4m3) drops the stores, the ReLU's
 conversion to bfloat16 and the N=8 head-sum MMAs too, leaving the TMA pipeline, the
 turns and the big MMAs; "4 head-sum MMAs" and "1 head-sum MMA" (e4m3) issue only the
@@ -24,6 +26,7 @@ Needs torch and CuTe DSL (on PYTHONPATH) on a GPU.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import statistics
 import sys
@@ -36,23 +39,42 @@ import torch  # noqa: E402
 from indexer_points import check, load, scores_launch, time_graph  # noqa: E402
 from indexer_targets import BF16_KEPT, FP8_KEPT  # noqa: E402
 
+from runners.kernel_lib import indexer_scores, indexer_select  # noqa: E402
 from runners.ops import get_op  # noqa: E402
 from runners.space import materialize  # noqa: E402
 
+
+def _definition(module, name: str) -> str:
+    """The source of a top-level function of a shared module, decorators included."""
+    source = Path(module.__file__).read_text()
+    lines = source.splitlines(keepends=True)
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return "".join(lines[node.decorator_list[0].lineno - 1:node.end_lineno])
+    raise SystemExit(f"{module.__name__} no longer defines {name}")
+
+
+# The kept kernels' scores call these shared functions; a copy of a kernel gets its own
+# copies, defined last so they are the ones its kernels find, for the edits to change.
+OWN_COPIES = ("\n\n# Own copies of shared code, for the ablations to edit.\n"
+              "from runners.kernel_lib.indexer_scores import as_operand_a, relu_bf16x2  # noqa: E402\n"
+              "from runners.kernel_lib.indexer_select import radix_key  # noqa: E402\n\n\n"
+              + _definition(indexer_select, "record") + "\n\n" + _definition(indexer_scores, "head_sums"))
+
+
+def with_own_copies(source: str) -> str:
+    return source + OWN_COPIES
+
+
 RECORD = '''    scores[row, token] = score
-    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
-    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
+    digit = cutlass.Int32(radix_key(score) >> cutlass.Uint32(21))
+    cute.arch.atomic_add(hist.iterator + hist_row * BINS + digit, cutlass.Int32(1))
 '''
-HEAD_SUMS = '''    packed = cute.recast_tensor(relu, cutlass.Int32)
-    for i in cutlass.range_constexpr(cute.size(packed)):
-        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
-    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
-    warpgroup.fence()
-    for kb in cutlass.range_constexpr(cols // 16):
-        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
-    warpgroup.commit_group()
-'''
+_HEAD_SUMS_DEFINITION = _definition(indexer_scores, "head_sums")
+# head_sums's body but its return: the ReLU's conversion and the N=8 MMAs.
+HEAD_SUMS = _HEAD_SUMS_DEFINITION[_HEAD_SUMS_DEFINITION.index("    packed = "):
+                                  _HEAD_SUMS_DEFINITION.index("    warpgroup.commit_group()\n")] \
+    + "    warpgroup.commit_group()\n"
 # The end of _consume, where a warpgroup has waited for its last MMA.
 CONSUME_END = '''                             quad, reduce, lane_tokens, lane_scales)
 
@@ -115,7 +137,8 @@ def main() -> None:
         kept_source = materialize(op.kernels()[kernel].read_text(), point)
         workload = op.workloads("cuda", [args.ctx], op.default_batch_sizes("cuda"))[0]
         inputs = op.make_inputs(workload, 11, "normal")
-        copies = [("kept", kept_source)] + [(label, ablated(kept_source, edits)) for label, edits in ABLATIONS[kernel]]
+        copies = [("kept", kept_source)] + [(label, ablated(with_own_copies(kept_source), edits))
+                                            for label, edits in ABLATIONS[kernel]]
         copies += [(label, Path(path).read_text()) for label, file_op, path in args.files if file_op == op_name]
         for index, (label, source) in enumerate(copies):
             file = scratch / f"{kernel}_{index}.py"

@@ -48,7 +48,9 @@ def _load_select_module():
 
 
 _cute_select = _load_select_module()
-_BINS = _cute_select._BINS
+sys.path.insert(0, str(ROOT))
+from runners.kernel_lib.indexer_scores import ALIGN, current_stream, fake_tensor  # noqa: E402
+from runners.kernel_lib.indexer_select import BINS as _BINS, radix_key, write_hist  # noqa: E402
 _COUNT_THREADS = 256
 SELECT_THREADS = 1024
 
@@ -79,11 +81,11 @@ def _mask_and_count(
         if token >= valid:
             score = cutlass.Float32(-math.inf)
             scores[row, token] = score
-        digit = cutlass.Int32(_cute_select._radix_key(score) >> cutlass.Uint32(21))
+        digit = cutlass.Int32(radix_key(score) >> cutlass.Uint32(21))
         cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
 
     cute.arch.sync_threads()
-    _cute_select._write_hist(sHist, hist, split, row, 1, _COUNT_THREADS)
+    write_hist(sHist, hist, split, row, 1, _COUNT_THREADS)
 
 
 @cute.jit
@@ -105,7 +107,7 @@ def splits_for(rows: int, context: int, sms: int) -> tuple[int, int]:
 
 @functools.cache
 def compiled_count(rows: int, context: int, splits: int, per_cta: int):
-    fake = _cute_select._fake
+    fake = fake_tensor
     return cute.compile(
         _launch_count,
         fake(cutlass.Float32, (rows, context)), fake(cutlass.Int32, (rows,)),
@@ -131,8 +133,8 @@ def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) ->
     splits, per_cta = splits_for(rows, context, _cute_select._sms())
     hist = torch.empty(splits, rows, _BINS, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=logits.device)
-    stream = _cute_select._stream(logits)
-    align = _cute_select._ALIGN
+    stream = current_stream(logits)
+    align = ALIGN
     scores_arg = from_dlpack(logits, assumed_align=align)
     hist_arg = from_dlpack(hist, assumed_align=align)
     compiled_count(rows, context, splits, per_cta)(

@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="repeat a run: the seed its result revealed")
     run.add_argument("--baseline", help="kernel file to time against (default: the op's baseline.py); "
                                         "its DSL is read from its name, e.g. kept_triton.py")
+    run.add_argument("--lib", metavar="DIR",
+                     help="the lib folder whose shared code (runners.kernel_lib) the candidate imports, "
+                          "e.g. a workspace checkout's kernels/lib (default: the shipped runners/kernel_lib)")
+    run.add_argument("--baseline-lib", metavar="DIR", help="the same for the baseline")
     run.add_argument("--e2e-command", metavar="CMD",
                      help="your end-to-end program, run with the kept kernel and with the candidate "
                           "(KERNEL_FILE names the kernel to load); its last stdout line is JSON such as "
@@ -190,6 +194,7 @@ def _evaluate_command(args: argparse.Namespace, out: TextIO) -> int:
         args.op, args.candidate, device=args.device, context_lengths=args.ctx,
         batch_sizes=args.batch, time_budget_s=args.time_budget, progress=_say,
         dsl=args.dsl, seed=args.seed, baseline=args.baseline,
+        lib=args.lib, baseline_lib=args.baseline_lib,
         e2e_command=args.e2e_command, e2e_command_budget_s=args.e2e_command_budget,
     )
     out.write((result.to_json() if args.json else _summary(result)) + "\n")

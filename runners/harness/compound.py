@@ -44,6 +44,7 @@ from runners.e2e import model as e2e_model
 from runners.e2e.step import DISPATCHED_OPS, PAGED_OPS
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
+from runners.harness import imports
 from runners.harness.children import CallFailed, Child, ChildFailure, Limits
 from runners.harness.machine import machine_state
 from runners.harness.measure import measure_step
@@ -203,9 +204,14 @@ def measure(
     threads = max(1, min(8, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                              else os.cpu_count() or 1) // 2))
     children: dict[str, Child] = {}
+    served: list[imports.Served] = []
     try:
         for role, stage in sides:
             dsl, found = dsls_of[role]
+            try:
+                shared = imports.resolve_files(list(stage.kernels.values()))
+            except imports.ImportRefused as refusal:
+                raise CompoundError(f"stage {stage.label!r}: {refusal}") from None
             setup = {
                 "op": loop, "device": device, "dsl": dsl, "candidate": str(stage.kernels[loop]),
                 "others": {op: str(stage.kernels[op]) for op in wanted if op != loop},
@@ -215,6 +221,10 @@ def measure(
                 "gpu_fraction": limits.gpu_fraction, "input_capacity": capacity,
                 "arena_fd": arena.child_fd if arena is not None else None,
             }
+            if shared:
+                # The shared code its kernels import, as read here (runners.harness.imports).
+                served.append(imports.Served(shared, []))
+                setup["lib"] = str(served[-1].candidate_folder)
 
             def environment(scratch: Path, found: list[str] = found) -> dict[str, str]:
                 env: dict[str, str] = {}
@@ -245,6 +255,8 @@ def measure(
             child.close()
         if arena is not None:
             arena.close()
+        for folder in served:
+            folder.close()
     report = _report(loop, stages, times, roles=roles, device=device, seed=seed, batch=batch,
                      steps=steps, meaningful=meaningful, hardware=hardware)
     report.update(context_length=context_length, machine=machine_state(device),

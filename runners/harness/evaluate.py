@@ -26,7 +26,7 @@ import torch
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import e2e_command as declared_e2e
-from runners.harness import collective, endtoend, new_shapes, protected, roofline
+from runners.harness import collective, endtoend, imports, new_shapes, protected, roofline
 from runners.harness.children import (
     BASELINE,
     CANDIDATE,
@@ -226,6 +226,9 @@ class _Run:
     arena: inputs_arena.Arena | None = None
     gpu: GpuProbe | None = None
     feed: Feed | None = None
+    # The shared code (runners.kernel_lib) the candidate and the kept kernel import, as
+    # the judge read it: each child imports exactly those bytes (runners.harness.imports).
+    shared: imports.Served | None = None
 
     def start(self, role: str, path: Path, dsl: str, watch: Watch | None = None) -> Child:
         setup = {
@@ -241,6 +244,9 @@ class _Run:
             "input_capacity": self.input_capacity,
             "arena_fd": self.arena.child_fd if self.arena is not None else None,
         }
+        if self.shared is not None:
+            setup["lib"] = str(self.shared.candidate_folder if role == CANDIDATE
+                               else self.shared.kept_folder)
         label = {CANDIDATE: "candidate process", BASELINE: "baseline process",
                  CONTROL: "second baseline process"}[role]
         child = Child(role=role, label=label, setup=setup, limits=self.limits,
@@ -255,6 +261,8 @@ class _Run:
             child.close()
         if self.arena is not None:
             self.arena.close()
+        if self.shared is not None:
+            self.shared.close()
 
 
 def evaluate(
@@ -273,6 +281,8 @@ def evaluate(
     e2e_command: str | None = None,
     e2e_command_budget_s: float = declared_e2e.BUDGET_S,
     stop_at_static: bool = True,
+    lib: str | os.PathLike[str] | None = None,
+    baseline_lib: str | os.PathLike[str] | None = None,
 ) -> EvaluationResult:
     """Evaluate a candidate file (or "baseline", for an A/A run) against the op's baseline.
 
@@ -284,6 +294,8 @@ def evaluate(
     kernel of the workspace's main line, so kept wins accumulate). `e2e_command` is the
     user's own end-to-end program for the op, run with the kept kernel and with the
     candidate within `e2e_command_budget_s` seconds (runners.harness.e2e_command).
+    `lib` and `baseline_lib` are the lib folders whose shared code the candidate and the
+    baseline import (runners.harness.imports; default: the shipped runners/kernel_lib/).
 
     Raises UnknownOpError, WorkloadError or UsageError before anything runs when the
     request itself is wrong; anything wrong with the candidate is a `rejected` verdict.
@@ -305,6 +317,10 @@ def evaluate(
     limits = limits or Limits()
     source = path.read_text(encoding="utf-8", errors="replace")
     baseline_source = baseline_path.read_text(encoding="utf-8", errors="replace")
+    try:
+        kept_shared = imports.resolve(baseline_source, baseline_path.name, _lib_folder(baseline_lib))
+    except imports.ImportRefused as refusal:
+        raise UsageError(f"the baseline cannot be evaluated: {refusal}") from None
 
     result = EvaluationResult(
         op=op.name, device=kind, verdict="rejected", correct=False,
@@ -325,10 +341,23 @@ def evaluate(
         result.machine = machine_state(kind)
         result.duration_s = round(time.monotonic() - started, 3)
         return result
+    try:
+        shared = imports.resolve(source, path.name, _lib_folder(lib))
+    except imports.ImportRefused as refusal:
+        return _refused(result, Guard("imports", "fail", str(refusal)), started)
+    static = dsls.static_check(source, dsl) if dsl != "torch" else None
+    settings = protected.check(source, baseline_source)
+    if shared:
+        result.lib_files = [file.provenance() for file in shared]
+        result.guards.append(Guard("imports", "pass", imports.summary(shared)))
+        lib_dsl, lib_settings = imports.check(shared, dsl, kept=kept_shared)
+        # The candidate's own failure first; else the first imported file's.
+        static = static if static is None or static[0] == "fail" or lib_dsl is None else lib_dsl
+        settings = settings if settings is None or settings[0] == "fail" or lib_settings is None \
+            else lib_settings
     run = _Run(op=op, path=path, baseline_path=baseline_path, workloads=workloads, result=result,
                limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
-               static=dsls.static_check(source, dsl) if dsl != "torch" else None,
-               protected_settings=protected.check(source, baseline_source),
+               static=static, protected_settings=settings,
                batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
                e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
     if stop_at_static and _fails_statically(run):
@@ -337,6 +366,8 @@ def evaluate(
         result.guards += _static_guards(run)
         result.error = next(guard.detail for guard in result.guards if guard.status == "fail")
         return _finish(result, run, started)
+    if shared or kept_shared:
+        run.shared = imports.Served(shared, kept_shared)
     # One thread here: the judge's idle OpenMP workers spin for a while after each of its
     # own torch calls (references, checks), stealing a core from the child being timed.
     run.secret = secret_workloads(op, kind, workloads, run.batch_sizes, result.seed)
@@ -403,6 +434,26 @@ def _static_guards(run: _Run) -> list[Guard]:
     if run.protected_settings is not None:
         guards.append(Guard("protected-settings", *run.protected_settings))
     return guards
+
+
+def _lib_folder(lib: str | os.PathLike[str] | None) -> Path:
+    if lib is None:
+        return imports.SHIPPED_LIB
+    folder = Path(lib)
+    if not folder.is_dir():
+        raise UsageError(f"no lib folder at {folder}")
+    return folder
+
+
+def _refused(result: EvaluationResult, guard: Guard, started: float) -> EvaluationResult:
+    """A candidate rejected before any process ran it: the cascade's static stage."""
+    result.guards.append(guard)
+    result.error = guard.detail
+    result.verdict = _verdict(result)
+    result.stopped_at = "static"
+    result.machine = machine_state(result.device)
+    result.duration_s = round(time.monotonic() - started, 3)
+    return result
 
 
 def _judge(run: _Run) -> Child | None:

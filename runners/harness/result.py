@@ -92,6 +92,9 @@ class EvaluationResult:
     duration_s: float | None = None
     # The machine and its settings (runners.harness.machine), as the harness read them.
     machine: dict[str, Any] | None = None
+    # The shared code the candidate ran with (runners.harness.imports): each file's path
+    # in the lib folder and the sha256 of the bytes its process imported.
+    lib_files: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(asdict(self))

@@ -4,7 +4,9 @@ JSON Lines, one object a line, written and flushed one line at a time so a run t
 stops leaves a valid prefix:
 
 - line 1, the header: what was swept and how (op, kernel and its source, strategy,
-  seed, device, hardware, workloads, the kernel timed against, the harness's version);
+  seed, device, hardware, workloads, the kernel timed against, the harness's version),
+  and `lib_files`: the shared code the kernel imports (runners.harness.imports), each
+  file's path, sha256 and source;
 - then one line per evaluated candidate: `{"number", "params", "source", "result"}`,
   numbered 1, 2, 3, …, `result` being the `evaluate --json` object (CONTRACTS §4).
 
@@ -14,6 +16,7 @@ uploads it and the app refuses a bad one before writing anything (research.impor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -131,12 +134,39 @@ def _check_header(header: Any) -> None:
         problem = source_problem(header[name]) or _source_length_problem(header[name])
         if problem:
             raise ResultsFileError(f"line 1: {name!r} {problem}")
+    problem = _lib_files_problem(header.get("lib_files", []))
+    if problem:
+        raise ResultsFileError(f"line 1: {problem}")
     # Every other text of the header (its hardware, its harness's versions) is shown or
     # copied into the sweep's context: short, like a result's.
     problem = _text_problem({key: value for key, value in header.items()
-                             if key not in ("kernel_source", "baseline_source")}, "the header")
+                             if key not in ("kernel_source", "baseline_source", "lib_files")}, "the header")
     if problem:
         raise ResultsFileError(f"line 1: {problem}")
+
+
+LIB_PATH = re.compile(r"[A-Za-z0-9_]{1,100}(/[A-Za-z0-9_]{1,100}){0,8}\.py")
+
+
+def _lib_files_problem(files: Any) -> str | None:
+    """What is wrong with the header's `lib_files`, or None: each a file of the lib
+    folder by its relative path, its source, and the sha256 of that source's bytes."""
+    if not isinstance(files, list):
+        return "'lib_files' must be a list of {\"path\", \"sha256\", \"source\"}"
+    for entry in files:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("sha256"), str) and isinstance(entry.get("source"), str)):
+            return "'lib_files' must be a list of {\"path\", \"sha256\", \"source\"}"
+        if not LIB_PATH.fullmatch(entry["path"]):
+            return f"lib file {entry['path'][:100]!r}: a relative path of a .py file, with letters, digits and _"
+        problem = source_problem(entry["source"]) or _source_length_problem(entry["source"])
+        if problem:
+            return f"lib file {entry['path']} {problem}"
+        if hashlib.sha256(entry["source"].encode("utf-8")).hexdigest() != entry["sha256"]:
+            return f"lib file {entry['path']}: its sha256 is not that of its source"
+    if len({entry["path"] for entry in files}) != len(files):
+        return "'lib_files' names a file twice"
+    return None
 
 
 def source_problem(source: str) -> str | None:
@@ -234,6 +264,15 @@ def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     problem = machine_problem(result.get("machine"))
     if problem:
         return problem
+    # The shared files a candidate ran with are those the header holds, byte for byte.
+    held = {entry["path"]: entry["sha256"] for entry in header.get("lib_files", [])}
+    ran = result.get("lib_files", [])
+    if not isinstance(ran, list) or not all(isinstance(entry, dict) for entry in ran):
+        return "'lib_files' must be a list of {\"path\", \"sha256\"}"
+    for entry in ran:
+        if not isinstance(entry.get("path"), str) or held.get(entry["path"]) != entry.get("sha256"):
+            return (f"the result ran lib file {str(entry.get('path'))[:100]!r} "
+                    f"(sha256 {str(entry.get('sha256'))[:16]}), which the header does not hold")
     # CONTRACTS §4: the verdict follows from the rest, so a hand-edited one shows.
     failed = not result["correct"] or any(g["status"] == "fail" for g in guards)
     if failed != (result["verdict"] == "rejected"):

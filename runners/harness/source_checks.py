@@ -15,7 +15,7 @@ import ast
 
 from runners import python_source
 from runners.harness import dsl as dsls
-from runners.harness import protected
+from runners.harness import imports, protected
 from runners.harness.result import Guard
 
 
@@ -43,6 +43,16 @@ def source_checks(source: str, dsl: str, kept_source: str | None) -> list[Guard]
     if settings is not None:
         guards.append(Guard("protected-settings", *settings))
     return guards
+
+
+def lib_checks(lib_files: list[dict], dsl: str) -> list[Guard]:
+    """The required-DSL and protected-settings checks of a results file's shared code
+    (its header's `lib_files`: path and source), each failure naming its file, as an
+    evaluation runs them on the files a candidate imports."""
+    files = [imports.LibFile(entry["path"], entry["source"].encode("utf-8")) for entry in lib_files]
+    wrong_dsl, settings = imports.check(files, dsl)
+    return [Guard(name, *found) for name, found in (("required-dsl", wrong_dsl),
+                                                     ("protected-settings", settings)) if found]
 
 
 def first_failure(guards: list[Guard]) -> Guard | None:

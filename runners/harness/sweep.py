@@ -27,7 +27,7 @@ import torch
 
 from runners import space
 from runners.harness import dsl as dsls
-from runners.harness import results_file
+from runners.harness import imports, results_file
 from runners.harness.e2e_command import BUDGET_S as E2E_COMMAND_BUDGET_S
 from runners.harness.evaluate import UsageError, evaluate
 from runners.harness.machine import machine_state
@@ -144,6 +144,7 @@ def sweep(
         "context_lengths": contexts, "batch_sizes": batches, "time_budget_s": time_budget_s,
         "baseline_kernel": baseline_path.stem,
         "baseline_source": baseline_path.read_text(encoding="utf-8"),
+        "lib_files": _lib_files(source, kernel_path.name),
         "harness": {"version": _harness_version(), "commit": _harness_commit(),
                     "torch": torch.__version__, "python": platform.python_version()},
         "machine": machine_state(device),
@@ -175,6 +176,17 @@ def sweep(
             lines.append(line)
             say(f"candidate {number}: {result['verdict']}")
     return lines
+
+
+def _lib_files(source: str, name: str) -> list[dict[str, str]]:
+    """The shared code the kernel imports, for the header: what every candidate ran with
+    (a PARAMS point changes the kernel's own file only). A kernel whose imports are
+    refused lists none; each evaluation rejects it and says why."""
+    try:
+        files = imports.resolve(source, name)
+    except imports.ImportRefused:
+        return []
+    return [{**file.provenance(), "source": file.text} for file in files]
 
 
 def space_description(point: dict[str, Any]) -> str:

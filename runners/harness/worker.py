@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from runners.harness import arena, device_memory, sandbox, timing, wire
+from runners.harness import arena, device_memory, imports, sandbox, timing, wire
 from runners.harness.candidate import CandidateError, load_candidate, one_line
 from runners.harness.configuration import ConfigurationWatch
 from runners.ops import get_op
@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     if go.get("do") != "load":
         return 0
     box.install()
+    if setup.get("lib"):
+        # The shared code as the judge read and hashed it, never the project's copy.
+        imports.install(Path(setup["lib"]))
     try:
         candidate = load_candidate(Path(setup["candidate"]))
         worker.others = {op: load_candidate(Path(path)).forward

@@ -169,8 +169,11 @@ def make_plan(*, scratch: Path, root: Path, argv: list[str], files: Iterable[Pat
         *(_gpu_paths(environment) if device == "cuda" else []), *(str(path) for path in files),
     ]), [os.path.realpath(scratch), os.path.realpath(root)])
     # The app's data (database, uploads, workspace, secrets) is never the child's to read.
+    # Nor the project's shared kernel code: a child imports only the copy the judge read,
+    # checked and hashed, bound among `files` (runners.harness.imports).
     hidden = _existing_real([PROJECT_ROOT / "var", environment.get("DATA_DIR"),
-                             environment.get("KERNEL_WORKSPACE")])
+                             environment.get("KERNEL_WORKSPACE"),
+                             PROJECT_ROOT / "runners" / "kernel_lib"])
     root_user = os.geteuid() == 0
     return Plan(
         scratch=str(scratch), root=str(root), argv=argv,

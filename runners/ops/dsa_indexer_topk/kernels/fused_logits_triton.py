@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from runners.kernel_lib.topk_triton import row_scores
+
 # Fastest point on an H200 (H=64, D=128, N up to 256K).
 PARAMS = {
     "BLOCK_N": 128,
@@ -60,19 +62,8 @@ def _indexer_logits(
     for r in tl.static_range(ROWS):
         row = tl.program_id(0) * ROWS + r
         if row < rows:
-            scores = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for h0 in range(0, heads, BLOCK_H):
-                head = h0 + tl.arange(0, BLOCK_H)
-                head_ok = head < heads
-                q = tl.load(
-                    q_ptr + row * stride_qm + head[:, None] * stride_qh + dims[None, :],
-                    mask=head_ok[:, None] & (dims[None, :] < dim), other=0.0,
-                )
-                if UPCAST:
-                    q = q.to(tl.float32)
-                weight = tl.load(w_ptr + row * stride_wm + head, mask=head_ok, other=0.0)
-                logits = tl.dot(q, tl.trans(keys), input_precision=PRECISION)
-                scores += tl.sum(tl.maximum(logits, 0.0) * weight[:, None], axis=0)
+            scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
+                                heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
             tl.store(out_ptr + row * stride_om + tokens, scores, mask=token_ok)
 
 

@@ -41,6 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
+from runners.kernel_lib.topk_triton import (
+    LOWEST, candidate_keys, candidate_positions, merge_descending, row_scores, sort_ascending,
+)
+
 PARAMS = {
     "BLOCK_N": 128,
     "BLOCK_H": 32,
@@ -56,86 +60,6 @@ SPACE = {
     "CHUNK": [16384, 32768, 65536],
     "num_warps": [4, 8],
 }
-
-# Below every real candidate: the key of a finite score is above the int32 minimum.
-LOWEST = tl.constexpr(-(2**63))
-
-
-@triton.jit
-def _row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
-                heads: tl.constexpr, dim: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """sum_h weights[row, h] * relu(q[row, h, :] . keys[n, :]) for a tile of keys."""
-    scores = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for h0 in range(0, heads, BLOCK_H):
-        head = h0 + tl.arange(0, BLOCK_H)
-        head_ok = head < heads
-        q = tl.load(
-            q_ptr + row * stride_qm + head[:, None] * stride_qh + dims[None, :],
-            mask=head_ok[:, None] & (dims[None, :] < dim), other=0.0,
-        )
-        if UPCAST:
-            q = q.to(tl.float32)
-        weight = tl.load(w_ptr + row * stride_wm + head, mask=head_ok, other=0.0)
-        logits = tl.dot(q, tl.trans(keys), input_precision=PRECISION)
-        scores += tl.sum(tl.maximum(logits, 0.0) * weight[:, None], axis=0)
-    return scores
-
-
-@triton.jit
-def _candidates(scores, tokens):
-    """One int64 per position, ordered like (score, -position)."""
-    bits = scores.to(tl.int32, bitcast=True)
-    # Negative floats order backwards as integers: flip their magnitude bits.
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (key.to(tl.int64) << 32) | (0x7FFFFFFF - tokens).to(tl.int64)
-
-
-@triton.jit
-def _positions(candidates):
-    return (0x7FFFFFFF - candidates.to(tl.int32)).to(tl.int64)
-
-
-# A bitonic network over 2**LOG_K values. Each step pairs the positions that differ in
-# one bit; a [.., 2, ..] view of the values puts each pair on a size-2 axis, and the
-# pair's sum (wrapping, so exact for any int64) minus a value is its partner. On an
-# H200 this compiles to the same code as tl.sort (no layout conversions); tl.sort finds
-# the partner with an xor reduction instead, which Triton's CPU interpreter runs element
-# by element in Python, and this sum is numpy's there, reached through tl.reduce with
-# tl.sum's own combine function since the interpreter pays milliseconds for each
-# nested jit call (tl.sum is one).
-_add = tl.standard._sum_combine
-
-
-@triton.jit
-def _sort_ascending(x, LOG_K: tl.constexpr):
-    K: tl.constexpr = 2**LOG_K
-    lanes = tl.arange(0, K)
-    for stage in tl.static_range(1, LOG_K + 1):
-        # Sorted runs of 2**stage values, alternately ascending and descending so
-        # that each pair of runs is bitonic for the next stage; the last ascends.
-        descending = (lanes & (1 << stage)) != 0
-        for step in tl.static_range(stage):
-            # Pairs differ in bit stage-1-step; in an ascending run the upper one of
-            # a pair takes the larger value.
-            pairs = tl.reshape(x, [K >> (stage - step), 2, 1 << (stage - 1 - step)])
-            partner = tl.reshape(tl.reduce(pairs, 1, _add, keep_dims=True) - pairs, [K])
-            take_larger = ((lanes & (1 << (stage - 1 - step))) != 0) != descending
-            x = tl.where((x > partner) == take_larger, x, partner)
-    return x
-
-
-@triton.jit
-def _merge_descending(x, LOG_K: tl.constexpr):
-    """A bitonic sequence of 2**LOG_K values, sorted largest first."""
-    K: tl.constexpr = 2**LOG_K
-    lanes = tl.arange(0, K)
-    for step in tl.static_range(LOG_K):
-        pairs = tl.reshape(x, [1 << step, 2, K >> (step + 1)])
-        partner = tl.reshape(tl.reduce(pairs, 1, _add, keep_dims=True) - pairs, [K])
-        take_larger = (lanes & (K >> (step + 1))) == 0
-        x = tl.where((x > partner) == take_larger, x, partner)
-    return x
 
 
 @triton.jit
@@ -154,10 +78,10 @@ def _merge_candidates(best_in, best_out, found_in, pending_in, out_ptr, row, top
             block = tl.load(pending_in + start + lanes, mask=start + lanes < found, other=LOWEST)
             # Largest-first against smallest-first: the larger of each pair are the
             # top half of both, as one bitonic sequence.
-            best = _merge_descending(tl.maximum(best, _sort_ascending(block, LOG_KEEP)), LOG_KEEP)
+            best = merge_descending(tl.maximum(best, sort_ascending(block, LOG_KEEP)), LOG_KEEP)
     tl.store(best_out + row * KEEP + lanes, best)
     if finishing:
-        tl.store(out_ptr + row * stride_om + lanes, _positions(best), mask=lanes < topk)
+        tl.store(out_ptr + row * stride_om + lanes, candidate_positions(best), mask=lanes < topk)
 
 
 @triton.jit
@@ -176,10 +100,10 @@ def _score_chunk(q_ptr, k_ptr, w_ptr, best_in, found_out, pending_out, row, star
     )
     if UPCAST:
         keys = keys.to(tl.float32)
-    scores = _row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
-                         heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
+    scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
+                        heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
     floor = tl.load(best_in + row * KEEP + topk - 1)
-    candidates = _candidates(scores, tokens)
+    candidates = candidate_keys(scores, tokens)
     keep = valid & (candidates > floor)
     kept = tl.sum(keep.to(tl.int32), axis=0)
     if kept > 0:

@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from runners.kernel_lib.topk_triton import row_scores
+
 PARAMS = {
     "BLOCK_N": 128,
     "BLOCK_H": 32,
@@ -63,27 +65,6 @@ HIGH_BITS = tl.constexpr(12)
 BINS = tl.constexpr(4096)
 # Boundary positions read per iteration of the refinement.
 REFINE_BLOCK = tl.constexpr(1024)
-
-
-@triton.jit
-def _row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
-                heads: tl.constexpr, dim: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """sum_h weights[row, h] * relu(q[row, h, :] . keys[n, :]) for a tile of keys."""
-    scores = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for h0 in range(0, heads, BLOCK_H):
-        head = h0 + tl.arange(0, BLOCK_H)
-        head_ok = head < heads
-        q = tl.load(
-            q_ptr + row * stride_qm + head[:, None] * stride_qh + dims[None, :],
-            mask=head_ok[:, None] & (dims[None, :] < dim), other=0.0,
-        )
-        if UPCAST:
-            q = q.to(tl.float32)
-        weight = tl.load(w_ptr + row * stride_wm + head, mask=head_ok, other=0.0)
-        logits = tl.dot(q, tl.trans(keys), input_precision=PRECISION)
-        scores += tl.sum(tl.maximum(logits, 0.0) * weight[:, None], axis=0)
-    return scores
 
 
 @triton.jit
@@ -119,8 +100,8 @@ def _scores_and_histogram(
     )
     if UPCAST:
         keys = keys.to(tl.float32)
-    scores = _row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
-                         heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
+    scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
+                        heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
     tl.store(scores_ptr + row * stride_sm + tokens, scores, mask=valid)
     tl.atomic_add(hist_ptr + row * BINS + _bin(_key(scores)), 1, mask=valid, sem="relaxed")
 

@@ -24,7 +24,8 @@ and q's scale is folded into the weights:
    MMA whose sums it scales is waited for. Row r = b*next_n + j stores and counts only its causal
    prefix, tokens < context_lens[b] - next_n + 1 + j. Each CTA writes its rows'
    first-digit histograms to hist[span, row].
-2. Select (`_select_rows`): the bf16 paged kernel's, unchanged (it reads float32
+2. Select (`launch_paged_select`): the bf16 paged kernel's, from runners/kernel_lib/
+   indexer_select.py (it reads float32
    scores): the histograms of the spans a row's prefix covers summed, one pass over the
    prefix, digits 2 and 3 in shared memory, ties to the lowest index, the chosen in
    token order; -1 past a prefix shorter than top-k, all -1 for a padding sequence.
@@ -34,7 +35,7 @@ No torch op computes anything and nothing is read on the host: forward only allo
 from shapes, and launches on torch's current stream, so it can be captured.
 
 Copied from logits_topk_paged_cute (a candidate file cannot import another): the
-select, `_radix_key`, `_record`, `_write_hist`, `_refill`, the head-sum MMA, `_issue_turn`
+select, `radix_key`, `record`, `write_hist`, `_refill`, the head-sum MMA, `_issue_turn`
 and the host's shape checks; `_issue_mma` takes D/32 e4m3 k-blocks, and the stores
 (`_store_head_sums`, `_reduce_tile`) take each token's scale, as the dense FP8 kernel's do.
 
@@ -67,6 +68,14 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from runners.kernel_lib.indexer_scores import (
+    ALIGN, HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
+    fake_tensor, head_sums,
+)
+from runners.kernel_lib.indexer_select import (
+    BINS, BITMAP_TOKENS, MAX_TOPK, launch_paged_select, radix_key, record, write_hist,
+)
+
 # The dense FP8 kernel's kept point (logits_topk_fp8_cute: three warpgroups in turn,
 # the head sum on the tensor cores), with SPAN new; none of it measured paged yet.
 PARAMS = {
@@ -88,78 +97,15 @@ SPACE = {
 # Context tokens per key tile: one warpgroup's 64-row wgmma, and one cache block.
 _TOKENS = 64
 BLOCK_SIZE = 64
-_MMA_THREADS = 256
-_WARP = 32
-# A score's radix key is split into digits of 11, 11 and 10 bits, most significant
-# first; a histogram of the first is what the scores kernels count.
-_BINS = 2048
-_LOW_BINS = 1024
-# The select keeps the top-k-th score's first-digit bin in shared memory when it holds
-# at most this many scores (a key and an index each: 128 KB); fuller bins, from many
-# equal or nearly equal scores, take passes over the row instead.
-_CANDIDATES = 16384
-# 16-byte loads each select thread has in flight in its pass over the row.
-_LOADS_IN_FLIGHT = 4
-# The chosen indices are listed and sorted in shared memory (past the bitmap's reach), up
-# to this many.
-_MAX_TOPK = 8192
-# Up to this many context tokens (64 KB of bits) the chosen are marked in a bitmap in
-# shared memory and written out in token order by a prefix sum: no bitonic sort, whose
-# 66 steps for 2048 indices each ended in a sync (on the H200 the kept bf16 kernel went
-# from 0.075 to 0.067 ms at 32K).
-_BITMAP_TOKENS = 1 << 19
 
 _FP8 = torch.float8_e4m3fn
 # How many MMA warpgroups take turns on the tensor cores. (The dense kernel's
 # "cooperative", two warpgroups on one 128-token tile, would need two cache blocks per
 # tile: left out, as in the bf16 paged kernel.)
 _SCHEDULES = {"pingpong": 2, "roundrobin": 3}
-_REDUCTIONS = ("shuffle", "scatter", "mma")
-# REDUCE="mma": the head-weighted sum is a second wgmma, m64n8k16 with the ReLU'd scores
-# as its A (bfloat16, in registers) and the weights as its B; column n of B holds query
-# row n % ROWS's weights, so every lane of a quad ends with whole sums.
-_HEAD_SUM_N = 8
-# Registers per thread once the loading warpgroup gives its own up: 40 for it, and for
-# each MMA warpgroup as many as fill the SM's 64K (multiples of 8): 232 when two take
-# turns, 152 when three do (their accumulators then hold at most 128 columns).
-_LOADER_REGISTERS = 40
-_MMA_REGISTERS = {2: 232, 3: 152}
 
 
 # --- shared device helpers ------------------------------------------------------------
-
-
-@cute.jit
-def _radix_key(score: cutlass.Float32) -> cutlass.Uint32:
-    """An unsigned key that orders like the float: negatives have all bits flipped,
-    non-negatives only the sign bit."""
-    bits = score.bitcast(cutlass.Uint32)
-    flip = (cutlass.Uint32(0) - (bits >> cutlass.Uint32(31))) | cutlass.Uint32(0x80000000)
-    return bits ^ flip
-
-
-@cute.jit
-def _record(
-    scores: cute.Tensor, hist: cute.Tensor, row: cutlass.Int32, token: cutlass.Int32,
-    hist_row: cutlass.Int32, score: cutlass.Float32,
-):
-    """Store one score and count its first digit in the CTA's shared histogram."""
-    scores[row, token] = score
-    digit = cutlass.Int32(_radix_key(score) >> cutlass.Uint32(21))
-    cute.arch.atomic_add(hist.iterator + hist_row * _BINS + digit, cutlass.Int32(1))
-
-
-@cute.jit
-def _write_hist(
-    hist_smem: cute.Tensor, hist: cute.Tensor, split: cutlass.Int32, row0: cutlass.Int32,
-    rows: cutlass.Constexpr, threads: cutlass.Constexpr,
-):
-    """The CTA's histograms, one per query row it owns, to hist[split, row, :]."""
-    tidx, _, _ = cute.arch.thread_idx()
-    for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
-        row = row0 + i // _BINS
-        if row < hist.shape[1]:
-            hist[split, row, i % _BINS] = hist_smem[i]
 
 
 # --- scores: e4m3 on the tensor cores -------------------------------------------------
@@ -224,47 +170,6 @@ def _lane_scales(
     return tokens, scales
 
 
-@dsl_user_op
-def _relu_bf16x2(low, high, *, loc=None, ip=None) -> cutlass.Int32:
-    """relu(low) and relu(high) rounded to bfloat16, packed low first: one cvt."""
-    return cutlass.Int32(llvm.inline_asm(
-        T.i32(),
-        [cutlass.Float32(low).ir_value(loc=loc, ip=ip), cutlass.Float32(high).ir_value(loc=loc, ip=ip)],
-        "cvt.rn.relu.bf16x2.f32 $0, $2, $1;",
-        "=r,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-def _as_operand_a(cols: int) -> cute.Layout:
-    """An accumulator's ((2, 2, cols/8), 1, 1) registers, compact, seen as a 16-bit wgmma
-    A fragment ((2, 2, 2), 1, cols/16): a thread's values of accumulator columns
-    16kk..16kk+15 sit where the A operand of k-block kk wants them (the register reuse
-    FlashAttention-3 makes of P)."""
-    return cute.make_layout(((2, 2, 2), 1, cols // 16), stride=((1, 2, 4), 0, 8))
-
-
-@cute.jit
-def _head_sums(
-    head_mma: cute.TiledMma, head_acc: cute.Tensor, acc: cute.Tensor, relu: cute.Tensor,
-    tCrW: cute.Tensor, cols: cutlass.Constexpr,
-):
-    """head_acc = relu(acc) @ W on the tensor cores: one cvt per two scores, then
-    cols/16 wgmma of m64n8k16. The caller waits for them."""
-    packed = cute.recast_tensor(relu, cutlass.Int32)
-    for i in cutlass.range_constexpr(cute.size(packed)):
-        packed[i] = _relu_bf16x2(acc[2 * i], acc[2 * i + 1])
-    operand = cute.make_tensor(relu.iterator, _as_operand_a(cols))
-    warpgroup.fence()
-    for kb in cutlass.range_constexpr(cols // 16):
-        head_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-        cute.gemm(head_mma, head_acc, operand[(None, None, kb)], tCrW[(None, None, kb, 0)], head_acc)
-    warpgroup.commit_group()
-    return head_mma
-
-
 @cute.jit
 def _store_head_sums(
     head_acc: cute.Tensor, scores: cute.Tensor, hist: cute.Tensor, row0: cutlass.Int32,
@@ -286,15 +191,15 @@ def _store_head_sums(
         for i in cutlass.range_constexpr(2):
             r = 2 * (quad & 1) + i
             if token < seq_end + r:
-                _record(scores, hist, row0 + r, token, r, scale * values[i])
+                record(scores, hist, row0 + r, token, r, scale * values[i])
     elif cutlass.const_expr(rows == 2):
         r = quad & 1
         if token < seq_end + r:
-            _record(scores, hist, row0 + r, token, r,
+            record(scores, hist, row0 + r, token, r,
                     scale * cutlass.Float32(cutlass.select_(bit0, values[1], values[0])))
     else:
         if token < seq_end and (quad & 1) == 0:
-            _record(scores, hist, row0, token, 0, scale * values[0])
+            record(scores, hist, row0, token, 0, scale * values[0])
 
 
 @cute.jit
@@ -346,7 +251,7 @@ def _reduce_tile(
             score = scales[j] * (keep + cute.arch.shuffle_sync_bfly(send, 1))
             r = (4 * j + quad) % rows
             if tokens[j] < seq_end + r:
-                _record(scores, hist, row0 + r, tokens[j], r, score)
+                record(scores, hist, row0 + r, tokens[j], r, score)
     else:
         # Every lane of the quad now holds all 2*ROWS sums; lane q stores every fourth.
         for e in cutlass.range_constexpr(2 * rows):
@@ -354,7 +259,7 @@ def _reduce_tile(
             slot = tCcC[(0, half, 0), 0, 0][0]
             token = tile_start + slot
             if quad == e % 4 and token < seq_end + r:
-                _record(scores, hist, row0 + r, token, r, kv_scale[block * BLOCK_SIZE + slot] * partials[e])
+                record(scores, hist, row0 + r, token, r, kv_scale[block * BLOCK_SIZE + slot] * partials[e])
 
 
 def reduce_as_compiled(reduce: str, rows: int) -> str:
@@ -366,7 +271,7 @@ def reduce_as_compiled(reduce: str, rows: int) -> str:
 def _score_threads(turns: int) -> int:
     """The MMA warpgroups taking turns and one more that loads (a whole warpgroup, so
     registers can move from it to them)."""
-    return (turns + 1) * _MMA_THREADS // 2
+    return (turns + 1) * MMA_THREADS // 2
 
 
 @cute.jit
@@ -401,7 +306,7 @@ def _consume(
     if cutlass.const_expr(reduce == "mma"):
         thr_head = head_mma.get_slice(tidx % 128)
         tCrW = head_mma.make_fragment_B(thr_head.partition_B(sHeadW))
-        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((_TOKENS, _HEAD_SUM_N)), cutlass.Float32)
+        head_acc = cute.make_rmem_tensor(thr_head.partition_shape_C((_TOKENS, HEAD_SUM_N)), cutlass.Float32)
         assert cute.size(head_acc) == 4
         # The ReLU'd scores in bfloat16, the head-sum MMA's A.
         relu = cute.make_rmem_tensor(acc.layout, cutlass.BFloat16)
@@ -433,7 +338,7 @@ def _consume(
         for t in cutlass.range(turn, tile_count, turns, unroll=1):
             lane_tokens, lane_scales = _lane_scales(
                 tCcC, kv_scale, blocks[first_tile + t], (first_tile + t) * _TOKENS, rows, quad, reduce)
-            head_mma = _head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
+            head_mma = head_sums(head_mma, head_acc, acc, relu, tCrW, cols)
             following = t + turns
             if following < tile_count:
                 tiled_mma = _issue_turn(tiled_mma, acc, tCrK, tCrQ, keys, read, following, tile_count,
@@ -471,11 +376,11 @@ def _issue_turn(
     """Taking turns: wait for this warpgroup's turn (past the first tile) and tile t's keys,
     start its MMA, then hand the turn on if a tile follows. Returns the tiled MMA."""
     if t > 0:
-        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=_MMA_THREADS)
+        cute.arch.barrier(barrier_id=1 + turn, number_of_threads=MMA_THREADS)
     keys.consumer_wait(read)
     tiled_mma = _issue_mma(tiled_mma, acc, tCrK, tCrQ, read.index)
     if t + 1 < tile_count:
-        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=_MMA_THREADS)
+        cute.arch.barrier_arrive(barrier_id=1 + (turn + 1) % turns, number_of_threads=MMA_THREADS)
     return tiled_mma
 
 
@@ -528,7 +433,7 @@ def _score_tiles(
         sW = None
         if cutlass.const_expr(reduce != "mma"):
             sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout(cols), 16)
-        sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * _BINS), 16)
+        sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(rows * BINS), 16)
         sHeadW = None
         if cutlass.const_expr(reduce == "mma"):
             sHeadW = smem.allocate_tensor(cutlass.BFloat16, w_layout.outer, 1024, w_layout.inner)
@@ -554,7 +459,7 @@ def _score_tiles(
         else:
             # The head-sum MMA's B, [8, ROWS*H]: column n holds row n % ROWS's weights
             # under that row's heads and zeros elsewhere.
-            for i in cutlass.range(tidx, _HEAD_SUM_N * cols, threads, unroll=1):
+            for i in cutlass.range(tidx, HEAD_SUM_N * cols, threads, unroll=1):
                 n, c = i // cols, i % cols
                 weight = cutlass.Float32(0.0)
                 if c // heads == n % rows:
@@ -562,7 +467,7 @@ def _score_tiles(
                 sHeadW[n, c, 0] = weight.to(cutlass.BFloat16)
             # Written by threads, read by wgmma: the async proxy must see the stores.
             cute.arch.fence_proxy("async.shared", space="cta")
-        for i in cutlass.range(tidx, rows * _BINS, threads, unroll=1):
+        for i in cutlass.range(tidx, rows * BINS, threads, unroll=1):
             sHist[i] = 0
         cute.arch.sync_threads()
 
@@ -585,18 +490,18 @@ def _score_tiles(
         # Registers move to the MMA warpgroups inside the branches that use them, so the
         # compiler gives each side its own budget.
         if warp >= loader:
-            cute.arch.setmaxregister_decrease(_LOADER_REGISTERS)
+            cute.arch.setmaxregister_decrease(LOADER_REGISTERS)
             if warp == loader:
                 producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
                 for _ in cutlass.range(tile_count, unroll=1):
                     producer = _refill(keys, producer, tma_k, tKgK, tKsK, blocks, first_tile, tile_count)
         else:
-            cute.arch.setmaxregister_increase(_MMA_REGISTERS[turns])
+            cute.arch.setmaxregister_increase(MMA_REGISTERS[turns])
             _consume(tiled_mma, head_mma, sK, sQ, sW, sHeadW, q_barrier, keys, kv_scale, blocks, scores, sHist,
                      first_tile, tile_count, row0, seq_end, rows, heads, turns, stages, reduce)
 
         cute.arch.sync_threads()
-        _write_hist(sHist, hist, split, row0, rows, threads)
+        write_hist(sHist, hist, split, row0, rows, threads)
 
 
 @cute.jit
@@ -628,11 +533,11 @@ def _launch_scores_mma(
     # whose K is the accumulator's columns; its B, the weights, K-major in shared memory.
     head_mma = sm90_utils.make_trivial_tiled_mma(
         cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, OperandMajorMode.K,
-        cutlass.Float32, (1, 1, 1), tiler_mn=(64, _HEAD_SUM_N),
+        cutlass.Float32, (1, 1, 1), tiler_mn=(64, HEAD_SUM_N),
         a_source=warpgroup.OperandSource.RMEM,
     )
     w_layout = sm90_utils.make_smem_layout_b(
-        LayoutEnum.ROW_MAJOR, (_TOKENS, _HEAD_SUM_N, cols), cutlass.BFloat16, 1
+        LayoutEnum.ROW_MAJOR, (_TOKENS, HEAD_SUM_N, cols), cutlass.BFloat16, 1
     )
     # (spans of the widest sequence the block table holds, sequences): from shapes only.
     _score_tiles(
@@ -641,426 +546,7 @@ def _launch_scores_mma(
     ).launch(grid=(hist.shape[0], context_lens.shape[0], 1), block=(_score_threads(turns), 1, 1), stream=stream)
 
 
-# --- select ---------------------------------------------------------------------------
-
-
-@cute.jit
-def _exclusive_prefix(owned: cutlass.Int32, warp_totals: cute.Tensor) -> cutlass.Int32:
-    """The sum of `owned` over the block's threads before this one: a scan within the
-    warp, then the totals of the warps before, summed across the lanes (a warp at most
-    per lane: five shuffles, not a load per earlier warp in turn). warp_totals must not
-    be read by anyone else until the next block sync."""
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    running = owned
-    for offset in cutlass.range_constexpr(5):
-        other = cute.arch.shuffle_sync_up(running, 1 << offset)
-        if lane >= (1 << offset):
-            running += other
-    if lane == _WARP - 1:
-        warp_totals[warp] = running
-    cute.arch.sync_threads()
-    earlier = cutlass.Int32(0)
-    if lane < warp:
-        earlier = warp_totals[lane]
-    for offset in cutlass.range_constexpr(5):
-        earlier += cute.arch.shuffle_sync_bfly(earlier, 1 << offset)
-    return running - owned + earlier
-
-
-@cute.jit
-def _threshold_bin(
-    hist: cute.Tensor, bins: cutlass.Constexpr, need: cutlass.Int32,
-    warp_totals: cute.Tensor, found: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """found = (bin, count above it, count in it): the bin, from the top, where the
-    running count first reaches `need`. Thread t owns bins/threads bins counted down from
-    the top; a block-wide prefix sum over threads finds the one thread whose bins cross
-    `need`."""
-    tidx, _, _ = cute.arch.thread_idx()
-    per_thread = bins // threads
-    first = bins - 1 - tidx * per_thread
-
-    owned = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(per_thread):
-        owned += hist[first - i]
-    above = _exclusive_prefix(owned, warp_totals)
-
-    if above < need and need <= above + owned:
-        for i in cutlass.range_constexpr(per_thread):
-            count = hist[first - i]
-            if above < need and need <= above + count:
-                found[0] = first - i
-                found[1] = above
-                found[2] = count
-            above += count
-    cute.arch.sync_threads()
-
-
-@cute.jit
-def _choose(chosen: cute.Tensor, counts: cute.Tensor, index: cutlass.Int32, by_bitmap: cutlass.Constexpr):
-    """Mark token `index` chosen: its bit in the row's bitmap, or the next free slot of
-    the list the sort then orders."""
-    if cutlass.const_expr(by_bitmap):
-        bit = cutlass.Uint32(1) << cutlass.Uint32(index & (_WARP - 1))
-        cute.arch.atomic_or(chosen.iterator + (index >> 5), bit)
-    else:
-        chosen[cute.arch.atomic_add(counts.iterator, cutlass.Int32(1))] = index
-
-
-@cute.jit
-def _write_bitmap(
-    bitmap: cute.Tensor, words: cutlass.Int32, out: cute.Tensor, row: cutlass.Int32,
-    warp_totals: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """Write the tokens whose bits are set among the bitmap's first `words`, in token
-    order: thread t owns a run of words, a block prefix sum of their bit counts gives it
-    its first slot."""
-    tidx, _, _ = cute.arch.thread_idx()
-    per_thread = (words + threads - 1) // threads
-    first = tidx * per_thread
-    owned = cutlass.Int32(0)
-    for i in cutlass.range(per_thread, unroll=1):
-        if first + i < words:
-            owned += cutlass.Int32(cute.arch.popc(bitmap[first + i]))
-    slot = _exclusive_prefix(owned, warp_totals)
-    for i in cutlass.range(per_thread, unroll=1):
-        word = first + i
-        if word < words:
-            bits = bitmap[word]
-            while bits != cutlass.Uint32(0):
-                lowest = bits & (~bits + cutlass.Uint32(1))
-                out[row, slot] = cutlass.Int64(word * _WARP + cutlass.Int32(cute.arch.popc(lowest - cutlass.Uint32(1))))
-                slot += 1
-                bits ^= lowest
-
-
-@cute.jit
-def _candidates(
-    scores: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32, keys: cute.Tensor,
-    indices: cute.Tensor, chosen: cute.Tensor, counts: cute.Tensor, context: cutlass.Int32,
-    threads: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
-):
-    """One pass over the row in 16-byte loads, several in flight per thread: every score
-    whose first digit is above `top` is chosen outright; those whose first digit is
-    `top` go to (keys, indices), the candidates for the remaining places. Only the row's
-    first `context` scores count: the rest of its last vector is never written by the
-    scores kernel (rows are W wide, a multiple of 64, so the load stays in the row)."""
-    tidx, _, _ = cute.arch.thread_idx()
-    # (vec, W // vec): column j is the row's j-th vector.
-    row_vectors = cute.zipped_divide(scores[row, None], (vec,))
-    vectors = cute.ceil_div(context, vec)
-    step = threads * _LOADS_IN_FLIGHT
-    for base in cutlass.range(tidx, vectors, step, unroll=1):
-        chunks = [cute.make_rmem_tensor((vec,), cutlass.Float32) for _ in range(_LOADS_IN_FLIGHT)]
-        # Issue every load before the first use, so they travel together.
-        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
-            j = base + u * threads
-            if j < vectors:
-                cute.autovec_copy(row_vectors[None, j], chunks[u])
-        for u in cutlass.range_constexpr(_LOADS_IN_FLIGHT):
-            j = base + u * threads
-            if j < vectors:
-                for e in cutlass.range_constexpr(vec):
-                    if j * vec + e < context:
-                        key = _radix_key(chunks[u][e])
-                        digit = key >> cutlass.Uint32(21)
-                        if digit > top:
-                            _choose(chosen, counts, j * vec + e, by_bitmap)
-                        elif digit == top:
-                            slot = cute.arch.atomic_add(counts.iterator + 1, cutlass.Int32(1))
-                            # The histogram said the bin fits; never write past it regardless.
-                            if slot < _CANDIDATES:
-                                keys[slot] = key
-                                indices[slot] = j * vec + e
-
-
-@cute.jit
-def _bitonic_sort(values: cute.Tensor, size: cutlass.Constexpr, threads: cutlass.Constexpr):
-    """Sort values[:size] ascending in shared memory; size is a power of two.
-
-    Thread t compares pairs p = t, t + threads, ...; while the stride is at most a warp,
-    pair p's two elements lie in the 64 that pairs 32*(p//32) .. +31 cover, one warp's
-    own in every such step: between two of those steps the warp syncs alone (two thirds
-    of the 66 steps of a 2048-element sort), between any others the whole block."""
-    tidx, _, _ = cute.arch.thread_idx()
-    steps = [(2 << level, (2 << level) >> (step + 1))
-             for level in range(size.bit_length() - 1) for step in range(level + 1)]
-    for n in cutlass.range_constexpr(len(steps)):
-        span, stride = steps[n]
-        for p in cutlass.range(tidx, size // 2, threads, unroll=1):
-            i = 2 * stride * (p // stride) + p % stride
-            j = i + stride
-            low, high = values[i], values[j]
-            ascending = (i & span) == 0
-            if (low > high) == ascending:
-                values[i] = high
-                values[j] = low
-        if cutlass.const_expr(n + 1 < len(steps) and stride <= _WARP and steps[n + 1][1] <= _WARP):
-            cute.arch.sync_warp()
-        else:
-            cute.arch.sync_threads()
-
-
-@cute.kernel
-def _select_rows(
-    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, context_lens: cute.Tensor,
-    next_n: cutlass.Constexpr, span: cutlass.Constexpr, threads: cutlass.Constexpr,
-    sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr, vec: cutlass.Constexpr,
-):
-    # Launched while the scores kernel still runs (programmatic dependent launch): wait
-    # for it to finish and its scores and histograms to be visible.
-    cute.arch.griddepcontrol_wait()
-    tidx, _, _ = cute.arch.thread_idx()
-    row, _, _ = cute.arch.block_idx()
-    topk = out.shape[1]
-    # Row r = b * next_n + j sees the first context_lens[b] - next_n + 1 + j tokens of
-    # sequence b (none for a padding sequence), read here on the device.
-    context = cutlass.max(context_lens[row // next_n] - next_n + 1 + row % next_n, cutlass.Int32(0))
-
-    smem = cutlass.memory.SmemAllocator()
-    sHist = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_BINS), 16)
-    sWarp = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2 * (threads // _WARP)), 16)
-    sFound = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
-    # Slots handed out: chosen indices, candidates, gathered ties.
-    sCounts = smem.allocate_tensor(cutlass.Int32, cute.make_layout(3), 16)
-    sKeys = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_CANDIDATES), 16)
-    sIndices = smem.allocate_tensor(cutlass.Int32, cute.make_layout(_CANDIDATES), 16)
-    # The chosen: one bit per token where the row's bitmap fits, else a list of indices.
-    # The context is a runtime value: the bitmap is sized for the longest row it serves
-    # and only its first `words` are used.
-    words = cute.ceil_div(context, _WARP)
-    if cutlass.const_expr(by_bitmap):
-        sChosen = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(_BITMAP_TOKENS // _WARP), 16)
-    else:
-        sChosen = smem.allocate_tensor(cutlass.Int32, cute.make_layout(sorted_slots), 16)
-
-    if context <= topk:
-        # The whole prefix is the top-k, in token order; -1 pads the rest (every slot of
-        # an empty sequence's rows).
-        for i in cutlass.range(tidx, topk, threads, unroll=1):
-            out[row, i] = cutlass.Int64(cutlass.select_(i < context, i, cutlass.Int32(-1)))
-    else:
-        # Digit 1 (key bits 31..21): the scores kernel's histograms, summed over the spans
-        # of this row's prefix (the spans past it were not run or count other rows' tokens).
-        spans = cute.ceil_div(context, span)
-        for b in cutlass.range(tidx, _BINS, threads, unroll=1):
-            total = cutlass.Int32(0)
-            # Unrolled, the spans' loads are in flight together, not one L2 trip each.
-            for s in cutlass.range(spans, unroll=8):
-                total += hist[s, row, b]
-            sHist[b] = total
-        if tidx < 3:
-            sCounts[tidx] = 0
-        if cutlass.const_expr(by_bitmap):
-            for i in cutlass.range(tidx, words, threads, unroll=1):
-                sChosen[i] = cutlass.Uint32(0)
-        else:
-            # Slots the top-k leaves empty sort last and are never written out.
-            for i in cutlass.range(topk + tidx, sorted_slots, threads, unroll=1):
-                sChosen[i] = cutlass.Int32(0x7FFFFFFF)
-        cute.arch.sync_threads()
-        _threshold_bin(sHist, _BINS, cutlass.Int32(topk), sWarp, sFound, threads)
-        top = cutlass.Uint32(sFound[0])
-        need = topk - sFound[1]
-        in_bin = sFound[2]
-
-        if in_bin <= _CANDIDATES:
-            # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
-            # the row is read once and digits 2 and 3 are counted among the candidates.
-            _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, context, threads, by_bitmap, vec)
-            for b in cutlass.range(tidx, _BINS, threads, unroll=1):
-                sHist[b] = 0
-            cute.arch.sync_threads()
-            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-                digit = cutlass.Int32((sKeys[c] >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
-                cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-            cute.arch.sync_threads()
-            _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
-            top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
-            need -= sFound[1]
-
-            for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
-                sHist[b] = 0
-            cute.arch.sync_threads()
-            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-                key = sKeys[c]
-                if key >> cutlass.Uint32(10) == top:
-                    digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
-                    cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-            cute.arch.sync_threads()
-            _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
-            kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
-            ties = need - sFound[1]
-            tied = sFound[2]
-
-            # Candidates above the top-k-th key join the chosen, and so do those equal to it
-            # if all fit. If not, the `ties` lowest-indexed of them: gathered in the
-            # histogram's place (free now) and ranked among themselves alone, or where more
-            # are tied than it holds, each ranked against every candidate.
-            gather = tied <= _BINS
-            for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-                key = sKeys[c]
-                index = sIndices[c]
-                take = key > kth
-                if key == kth:
-                    if tied <= ties:
-                        take = True
-                    elif gather:
-                        sHist[cute.arch.atomic_add(sCounts.iterator + 2, cutlass.Int32(1))] = index
-                    else:
-                        rank = cutlass.Int32(0)
-                        for other in cutlass.range(in_bin, unroll=1):
-                            if sKeys[other] == kth and sIndices[other] < index:
-                                rank += 1
-                        take = rank < ties
-                if take:
-                    _choose(sChosen, sCounts, index, by_bitmap)
-            if tied > ties and gather:
-                cute.arch.sync_threads()
-                for j in cutlass.range(tidx, tied, threads, unroll=1):
-                    index = sHist[j]
-                    rank = cutlass.Int32(0)
-                    for other in cutlass.range(tied, unroll=1):
-                        if sHist[other] < index:
-                            rank += 1
-                    if rank < ties:
-                        _choose(sChosen, sCounts, index, by_bitmap)
-            cute.arch.sync_threads()
-            # Atomics marked the chosen in no fixed order: written in token order, the output
-            # is the same bit for bit on every call.
-            if cutlass.const_expr(by_bitmap):
-                _write_bitmap(sChosen, words, out, row, sWarp, threads)
-            else:
-                _bitonic_sort(sChosen, sorted_slots, threads)
-                for i in cutlass.range(tidx, topk, threads, unroll=1):
-                    out[row, i] = cutlass.Int64(sChosen[i])
-        else:
-            _select_by_passes(scores, out, row, top, need, context, sHist, sWarp, sFound, threads)
-
-
-@cute.jit
-def _select_by_passes(
-    scores: cute.Tensor, out: cute.Tensor, row: cutlass.Int32, top: cutlass.Uint32,
-    need: cutlass.Int32, context: cutlass.Int32, sHist: cute.Tensor, sWarp: cute.Tensor,
-    sFound: cute.Tensor, threads: cutlass.Constexpr,
-):
-    """The bin is too full for shared memory (many equal or nearly equal scores): two
-    passes over the row refine digits 2 and 3, then a count pass and a write pass emit
-    the chosen indices in token order, slots handed out by ballots."""
-    tidx, _, _ = cute.arch.thread_idx()
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    topk = out.shape[1]
-    warps = threads // _WARP
-
-    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
-    for b in cutlass.range(tidx, _BINS, threads, unroll=1):
-        sHist[b] = 0
-    cute.arch.sync_threads()
-    for n in cutlass.range(tidx, context, threads, unroll=1):
-        key = _radix_key(scores[row, n])
-        if key >> cutlass.Uint32(21) == top:
-            digit = cutlass.Int32((key >> cutlass.Uint32(10)) & cutlass.Uint32(_BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-    cute.arch.sync_threads()
-    _threshold_bin(sHist, _BINS, need, sWarp, sFound, threads)
-    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
-    need -= sFound[1]
-
-    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
-    for b in cutlass.range(tidx, _LOW_BINS, threads, unroll=1):
-        sHist[b] = 0
-    cute.arch.sync_threads()
-    for n in cutlass.range(tidx, context, threads, unroll=1):
-        key = _radix_key(scores[row, n])
-        if key >> cutlass.Uint32(10) == top:
-            digit = cutlass.Int32(key & cutlass.Uint32(_LOW_BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-    cute.arch.sync_threads()
-    _threshold_bin(sHist, _LOW_BINS, need, sWarp, sFound, threads)
-    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
-    # Exactly `topk - ties` keys exceed the top-k-th; `ties` of those equal to it fill
-    # the rest.
-    ties = need - sFound[1]
-    above_all = topk - ties
-
-    # Each warp owns one contiguous span of the row, so slots follow token order: count
-    # each warp's hits, then every warp writes its own from the counts before it.
-    span = cute.ceil_div(cute.ceil_div(context, warps), _WARP) * _WARP
-    start = warp * span
-    end = cutlass.min(start + span, context)
-    above_count = cutlass.Int32(0)
-    tie_count = cutlass.Int32(0)
-    for base in cutlass.range(start, end, _WARP, unroll=1):
-        n = base + lane
-        key = cutlass.Uint32(0)
-        if n < end:
-            key = _radix_key(scores[row, n])
-        above_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key > kth)))
-        tie_count += cute.arch.popc(cute.arch.vote_ballot_sync((n < end) & (key == kth)))
-    if lane == 0:
-        sWarp[warp] = above_count
-        sWarp[warps + warp] = tie_count
-    cute.arch.sync_threads()
-    above_slot = cutlass.Int32(0)
-    tie_rank = cutlass.Int32(0)
-    for w in cutlass.range(warp, unroll=1):
-        above_slot += sWarp[w]
-        tie_rank += sWarp[warps + w]
-
-    earlier = cute.arch.lanemask_lt()
-    for base in cutlass.range(start, end, _WARP, unroll=1):
-        n = base + lane
-        key = cutlass.Uint32(0)
-        if n < end:
-            key = _radix_key(scores[row, n])
-        is_above = (n < end) & (key > kth)
-        is_tie = (n < end) & (key == kth)
-        above_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_above))
-        tie_mask = cutlass.Uint32(cute.arch.vote_ballot_sync(is_tie))
-        if is_above:
-            slot = above_slot + cutlass.Int32(cute.arch.popc(above_mask & earlier))
-            out[row, slot] = cutlass.Int64(n)
-        if is_tie:
-            rank = tie_rank + cutlass.Int32(cute.arch.popc(tie_mask & earlier))
-            if rank < ties:
-                out[row, above_all + rank] = cutlass.Int64(n)
-        above_slot += cutlass.Int32(cute.arch.popc(above_mask))
-        tie_rank += cutlass.Int32(cute.arch.popc(tie_mask))
-
-
-@cute.jit
-def _launch_select(
-    scores: cute.Tensor, hist: cute.Tensor, out: cute.Tensor, context_lens: cute.Tensor,
-    stream: cuda.CUstream, next_n: cutlass.Constexpr, span: cutlass.Constexpr,
-    threads: cutlass.Constexpr, sorted_slots: cutlass.Constexpr, by_bitmap: cutlass.Constexpr,
-):
-    # use_pdl: the select's launch overlaps the scores kernel's tail; it waits for it
-    # in griddepcontrol.wait. Rows are W wide, a multiple of 64: 16-byte loads always.
-    _select_rows(scores, hist, out, context_lens, next_n, span, threads, sorted_slots, by_bitmap, 4).launch(
-        grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
-    )
-
-
 # --- host -----------------------------------------------------------------------------
-
-# TMA and wide loads need 16-byte aligned tensors; compile and launch agree on that.
-_ALIGN = 16
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    # A view may start mid-allocation; a fresh copy starts where the allocator aligns.
-    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
-
-
-def _fake(dtype, shape: tuple):
-    """A row-major global tensor of this shape, described, not allocated; a dimension
-    given as a cute.sym_int is a runtime value, bound at each call."""
-    return make_fake_compact_tensor(
-        dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=_ALIGN
-    )
 
 
 def _runtime(divisibility: int = 1):
@@ -1080,8 +566,8 @@ def _check_params(heads: int, dim: int, next_n: int, schedule: str, reduce: str,
     if next_n * heads > columns or heads % 8 or dim % 128:
         raise ValueError(f"SCHEDULE={schedule!r} needs next_n*H <= {columns}, H % 8 == 0, D % 128 == 0; "
                          f"got next_n={next_n}, H={heads}, D={dim}")
-    if reduce not in _REDUCTIONS:
-        raise ValueError(f"REDUCE is one of {_REDUCTIONS}; got {reduce!r}")
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"REDUCE is one of {REDUCTIONS}; got {reduce!r}")
     if span % BLOCK_SIZE:
         raise ValueError(f"SPAN is whole {BLOCK_SIZE}-token blocks; got {span}")
     return turns
@@ -1097,10 +583,10 @@ def compiled_scores_mma(heads: int, dim: int, next_n: int, stages: int, schedule
     fp8 = cutlass.Float8E4M3FN
     return cute.compile(
         _launch_scores_mma,
-        _fake(fp8, (_runtime(), dim)), _fake(fp8, (_runtime(BLOCK_SIZE), dim)),
-        _fake(cutlass.Float32, (_runtime(BLOCK_SIZE),)), _fake(cutlass.Float32, (_runtime(), heads)),
-        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), _BINS)),
-        _fake(cutlass.Int32, (_runtime(), _runtime())), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
+        fake_tensor(fp8, (_runtime(), dim)), fake_tensor(fp8, (_runtime(BLOCK_SIZE), dim)),
+        fake_tensor(cutlass.Float32, (_runtime(BLOCK_SIZE),)), fake_tensor(cutlass.Float32, (_runtime(), heads)),
+        fake_tensor(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), fake_tensor(cutlass.Int32, (_runtime(), _runtime(), BINS)),
+        fake_tensor(cutlass.Int32, (_runtime(), _runtime())), fake_tensor(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         span // _TOKENS, next_n, stages * 2, turns, reduce_as_compiled(reduce, next_n),
     )
 
@@ -1108,23 +594,16 @@ def compiled_scores_mma(heads: int, dim: int, next_n: int, stages: int, schedule
 @functools.cache
 def compiled_select(next_n: int, topk: int, span: int, threads: int, by_bitmap: bool = True):
     """The select for one (next_n, top-k) and parameters, any batch and lengths, table
-    widths up to _BITMAP_TOKENS (by_bitmap) or past it; no GPU needed. Called with
+    widths up to BITMAP_TOKENS (by_bitmap) or past it; no GPU needed. Called with
     scores, hist, out, context_lens, stream."""
-    if not 1 <= topk <= _MAX_TOPK:
-        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {_MAX_TOPK} per row; got top-{topk}")
+    if not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {MAX_TOPK} per row; got top-{topk}")
     return cute.compile(
-        _launch_select,
-        _fake(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), _fake(cutlass.Int32, (_runtime(), _runtime(), _BINS)),
-        _fake(cutlass.Int64, (_runtime(), topk)), _fake(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
+        launch_paged_select,
+        fake_tensor(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), fake_tensor(cutlass.Int32, (_runtime(), _runtime(), BINS)),
+        fake_tensor(cutlass.Int64, (_runtime(), topk)), fake_tensor(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         next_n, span, threads, 1 << (topk - 1).bit_length(), by_bitmap,
     )
-
-
-def _stream(t: torch.Tensor) -> cuda.CUstream:
-    """Torch's current stream on the tensor's device: the one a CUDA graph is being
-    captured on, when it is (a launch on any other stream would not be captured). The
-    null stream for a tensor off the GPU, whose launch then fails for want of one."""
-    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0)
 
 
 def forward(
@@ -1147,24 +626,24 @@ def forward(
                          f"weights [B*next_n, H]; got {tuple(q.shape)}, {tuple(kv_cache.shape)}, "
                          f"{tuple(kv_scale.shape)}, {tuple(block_table.shape)}, {tuple(context_lens.shape)}, "
                          f"{tuple(weights.shape)}")
-    if not 1 <= topk <= _MAX_TOPK:
-        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {_MAX_TOPK} per row; got top-{topk}")
+    if not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"logits_topk_paged_fp8_cute selects 1 to {MAX_TOPK} per row; got top-{topk}")
     # Both kernels are compiled (or found compiled) before anything is allocated, so a
     # point or shape they cannot run fails with nothing half done.
     width = block_table.shape[1] * BLOCK_SIZE
     span = PARAMS["SPAN"]
     kernel = compiled_scores_mma(heads, dim, next_n, PARAMS["STAGES"], PARAMS["SCHEDULE"], PARAMS["REDUCE"], span)
-    select = compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= _BITMAP_TOKENS)
+    select = compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= BITMAP_TOKENS)
     # Everything below follows from shapes: no length is read here.
     q, kv_cache, kv_scale, block_table, context_lens, weights = (
-        _aligned(t) for t in (q, kv_cache, kv_scale, block_table, context_lens, weights))
+        aligned(t) for t in (q, kv_cache, kv_scale, block_table, context_lens, weights))
     rows = batch * next_n
     scores = torch.empty(rows, width, dtype=torch.float32, device=q.device)
-    hist = torch.empty(-(-width // span), rows, _BINS, dtype=torch.int32, device=q.device)
+    hist = torch.empty(-(-width // span), rows, BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=q.device)
-    stream = _stream(q)
-    kernel(*(from_dlpack(t, assumed_align=_ALIGN) for t in (
+    stream = current_stream(q)
+    kernel(*(from_dlpack(t, assumed_align=ALIGN) for t in (
         q.view(rows * heads, dim), kv_cache.view(-1, dim), kv_scale.view(-1), weights, scores, hist, block_table,
         context_lens)), stream)
-    select(*(from_dlpack(t, assumed_align=_ALIGN) for t in (scores, hist, out, context_lens)), stream)
+    select(*(from_dlpack(t, assumed_align=ALIGN) for t in (scores, hist, out, context_lens)), stream)
     return out
