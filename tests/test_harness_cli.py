@@ -106,7 +106,7 @@ def test_a_candidate_that_crashes_at_import_completes_as_rejected(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["softmax", "baseline"], "unknown op 'softmax' (known: dsa_indexer_topk, dsa_indexer_topk_fp8, "
+        (["softmax", "baseline"], "unknown op 'softmax' (known: allreduce_sum, dsa_indexer_topk, dsa_indexer_topk_fp8, "
                                   "dsa_indexer_topk_paged, dsa_indexer_topk_paged_fp8, rmsnorm)"),
         (["rmsnorm", "/nonexistent/candidate.py"], "candidate file not found"),
         (["rmsnorm", "baseline", "--ctx", "20x"], "is not a comma-separated list"),
@@ -127,7 +127,7 @@ def test_ops_lists_every_op_with_its_default_workloads_and_spaces():
     done = _harness("ops", "--json")
     assert done.returncode == 0, done.stderr
     listed = {op["name"]: op for op in json.loads(done.stdout)["ops"]}
-    assert sorted(listed) == ["dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
+    assert sorted(listed) == ["allreduce_sum", "dsa_indexer_topk", "dsa_indexer_topk_fp8", "dsa_indexer_topk_paged",
                               "dsa_indexer_topk_paged_fp8", "rmsnorm"]
     rmsnorm = listed["rmsnorm"]
     assert rmsnorm["signature"] == "forward(x, weight, eps) -> Tensor"
