@@ -169,6 +169,30 @@ def child_environment(scratch: Path, *, threads: int, extra: Mapping[str, str]) 
     return env
 
 
+def jail_messages(report: int, buffer: bytes) -> tuple[list[dict], bytes]:
+    """What a jail's supervisor has written on `report` (non-blocking) since the last
+    reading, after `buffer` (the last reading's partial line): its whole JSON lines that
+    are objects, anything else skipped, and the partial line to keep for the next."""
+    while True:
+        try:
+            chunk = os.read(report, 65536)
+        except OSError:  # BlockingIOError: nothing more for now
+            break
+        if not chunk:
+            break
+        buffer += chunk
+    *lines, buffer = buffer.split(b"\n")
+    messages = []
+    for line in lines:
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(said, dict):
+            messages.append(said)
+    return messages, buffer
+
+
 class Child:
     def __init__(self, *, role: str, label: str, setup: dict[str, Any], limits: Limits,
                  deadline: float, env_extra: Callable[[Path], Mapping[str, str]],
@@ -455,24 +479,8 @@ class Child:
 
     def read_jail_report(self) -> None:
         """Takes in whatever the jail's supervisor has said since the last reading."""
-        while True:
-            try:
-                chunk = os.read(self._report, 65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            if not chunk:
-                break
-            self._report_buffer += chunk
-        *lines, self._report_buffer = self._report_buffer.split(b"\n")
-        for line in lines:
-            try:
-                said = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(said, dict):
-                continue
+        messages, self._report_buffer = jail_messages(self._report, self._report_buffer)
+        for said in messages:
             if isinstance(said.get("pid"), int) and self.worker_pid is None:
                 self.worker_pid = said["pid"]
                 try:  # its parent, the supervisor, has not reaped it: the number is its own

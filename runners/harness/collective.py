@@ -33,7 +33,6 @@ tensor-parallel step.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -59,6 +58,7 @@ from runners.harness.children import (
     ChildFailure,
     Limits,
     child_environment,
+    jail_messages,
 )
 from runners.jail.plan import make_plan
 from runners.harness.dispatch import SizedResult, dispatch_range
@@ -212,22 +212,8 @@ class RankGroup:
 
     def read_jail_report(self) -> None:
         """Takes in what the jail's supervisor has said since the last reading."""
-        while True:
-            try:
-                chunk = os.read(self._report, 65536)
-            except OSError:  # BlockingIOError: nothing more for now
-                break
-            if not chunk:
-                break
-            self._report_buffer += chunk
-        *lines, self._report_buffer = self._report_buffer.split(b"\n")
-        for line in lines:
-            try:
-                said = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(said, dict):
-                continue
+        messages, self._report_buffer = jail_messages(self._report, self._report_buffer)
+        for said in messages:
             if isinstance(said.get("refused"), str):
                 self.refused.append(shorten(said["refused"]))
             if isinstance(said.get("jail_error"), str):
