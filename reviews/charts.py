@@ -10,6 +10,7 @@ from typing import Any
 
 from research.charts import LAYOUT, Figure, plotly_text
 from reviews.selectors import WorkloadRow
+from runners.harness.dispatch import axis_title
 
 KEPT_COLOUR = "#667085"
 CANDIDATE_COLOUR = "#2f5bd3"
@@ -38,10 +39,6 @@ def _groups(rows: Sequence[WorkloadRow]) -> dict[str, list[WorkloadRow]]:
     for members in groups.values():
         members.sort(key=lambda r: (r.size is None, r.size or 0))
     return groups
-
-
-def _axis_title(axis: str | None) -> str:
-    return (axis or "workload").replace("_", " ")
 
 
 def _band(x: list[str], ci: list[tuple[float, float] | None], colour: str, group: str) -> list[dict]:
@@ -84,7 +81,7 @@ def latency_figure(rows: Sequence[WorkloadRow], axis: str | None, baseline: str 
         "data": traces,
         "layout": {
             **LAYOUT,
-            "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
+            "xaxis": {"title": {"text": axis_title(axis)}, "type": "category",
                       "categoryorder": "array", "categoryarray": _categories(rows)},
             "yaxis": {"title": {"text": "median time per call (ms)"}, "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.25},
@@ -143,7 +140,7 @@ def speedup_figure(rows: Sequence[WorkloadRow], axis: str | None,
         "data": traces,
         "layout": {
             **LAYOUT,
-            "xaxis": {"title": {"text": _axis_title(axis)}, "type": "category",
+            "xaxis": {"title": {"text": axis_title(axis)}, "type": "category",
                       "categoryorder": "array", "categoryarray": categories},
             "yaxis": {"title": {"text": f"speedup over {plotly_text(baseline)} (×)"}},
             "shapes": shapes,

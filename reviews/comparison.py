@@ -42,6 +42,7 @@ from reviews.selectors import (
 )
 from reviews.services import speed_not_decided_here
 from reviews.verification import proposed_dispatch, verification
+from runners.harness.dispatch import axis_name
 
 PENDING = (Candidate.Status.QUEUED, Candidate.Status.RUNNING)
 # How many candidates the review page's picker offers, newest first.
@@ -222,7 +223,7 @@ def comparison(left: Candidate, right: Candidate) -> Comparison:
     except ValidationError as error:
         refusal = " ".join(error.messages)
     return Comparison(
-        left=_side(left), right=_side(right), axis_name=(axis or right_axis or "size").replace("_", " "),
+        left=_side(left), right=_side(right), axis_name=axis_name(axis or right_axis),
         rows=aligned_rows(left_rows, right_rows), diff=diff, diff_error=diff_error,
         overlap=overlap, head_to_head_refusal=refusal, head_to_heads=head_to_heads(left, right),
     )

@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from research.models import Candidate
+from runners.harness.dispatch import axis_name
 
 # Who may keep or revert a candidate, and ask a worker to verify an imported one.
 DECIDE_PERMISSION = "reviews.decide_candidate"
@@ -111,7 +112,7 @@ class Review(models.Model):
     def dispatch_text(self) -> str:
         if self.dispatch_min is None and self.dispatch_max is None:
             return "every size"
-        axis = self.dispatch_axis.replace("_", " ") or "size"
+        axis = axis_name(self.dispatch_axis)
         low = "…" if self.dispatch_min is None else f"{self.dispatch_min:,}"
         high = "…" if self.dispatch_max is None else f"{self.dispatch_max:,}"
         return f"{axis} {low}–{high}"

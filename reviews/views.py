@@ -23,6 +23,7 @@ from research.markdown import render_markdown
 from research.models import Candidate, Sweep
 from reviews import charts, comparison, compounding, diffs, retiming, selectors, services
 from reviews.forms import DecisionForm, LeaderboardForm, QueueFilterForm
+from runners.harness.dispatch import axis_name
 from reviews.models import Review
 from reviews.verification import proposed_dispatch, verification, verification_start
 from runners import ops
@@ -263,7 +264,7 @@ def _decision_context(request: HttpRequest, candidate: Candidate, form: Decision
         "why_not": why_not,
         "may_undo": may_undo or (form is not None and decision is not None and decision.is_keep),
         "why_not_undo": why_not_undo,
-        "axis_name": (axis or "size").replace("_", " "),
+        "axis_name": axis_name(axis),
         "proposed": proposed,
         "decision_form": form or DecisionForm(initial={
             "commit": candidate.commit, "decision": "keep",

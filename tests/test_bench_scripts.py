@@ -58,6 +58,20 @@ def test_aa_noise_reports_every_workload_of_every_run_and_never_a_win():
     assert "(never under 50% on cpu)" in output
 
 
+def test_allreduce_cpu_times_the_one_shot_kernel_and_gloo_per_message_size():
+    output = _run("allreduce_cpu.py", "--sizes", "4096", "--time-budget", "0.05")
+    assert "correct: True" in output
+    rows = [line for line in output.splitlines() if line.startswith("| bytes=4096,dtype=")]
+    assert len(rows) == 2 and all(len(row.split("|")) == 9 for row in rows)
+    assert "dispatch: " in output
+
+
+def test_allreduce_cpu_refuses_a_kernel_the_op_does_not_have():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "allreduce_cpu.py"), "--kernel", "nope"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 2 and "allreduce_sum has no kernel 'nope'" in done.stderr
+
+
 def test_the_h200_report_prints_the_committed_results_files():
     output = _run("h200/indexer_report.py")
     assert "### dsa_indexer_topk" in output and "### dsa_indexer_topk_fp8" in output

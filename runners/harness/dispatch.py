@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SIZE_AXES = ("context_length", "tokens", "message_bytes")
+# What each axis is called where people read it: a collective's size is its message.
+_AXIS_NAMES = {"message_bytes": "message size"}
+# The unit of an axis whose name does not say it (a chart's axis title gives it).
+_AXIS_UNITS = {"message_bytes": "bytes per rank"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,19 @@ class SizedResult:
 
 def size_axis(params: dict) -> str | None:
     return next((axis for axis in SIZE_AXES if axis in params), None)
+
+
+def axis_name(axis: str | None, default: str = "size") -> str:
+    """The axis in words ("context length", "message size"); `default` when unknown."""
+    if not axis:
+        return default
+    return _AXIS_NAMES.get(axis, axis.replace("_", " "))
+
+
+def axis_title(axis: str | None, default: str = "workload") -> str:
+    """A chart's axis title: the name, with the unit where the name does not say it."""
+    unit = _AXIS_UNITS.get(axis or "")
+    return f"{axis_name(axis, default)} ({unit})" if unit else axis_name(axis, default)
 
 
 def _won_sizes(results: Sequence[SizedResult]) -> dict[int, bool]:
@@ -74,7 +91,7 @@ def _summary(axis: str, low: int, high: int, sizes: list[int]) -> str:
     """The range in words, with what serves outside it: the range is the measured sizes
     it holds, so past the largest measured size the kept kernel still serves (a keep
     may widen the range, on the reviewer's word)."""
-    name = "message size" if axis == "message_bytes" else axis.replace("_", " ")
+    name = axis_name(axis)
 
     def human(size: int) -> str:
         return _human(size, axis)
