@@ -78,6 +78,8 @@ PLANTED = {
     # Two threads more than the harness gives a child (half the cores, at most 4).
     "rmsnorm_takes_more_threads.py": ("config", ["denormals flushed to zero: False → True",
                                                  f"torch.get_num_threads: {THREADS} → {THREADS + 2}"]),
+    "rmsnorm_hides_code_in_utf7.py": ("protected-settings", [
+        "line 1 declares an encoding other than UTF-8", "`# coding: utf-7`"]),
     "rmsnorm_loosens_tolerance.py": ("protected-settings", [
         'line 11 changes a tolerance: `type(get_op("rmsnorm")).tolerances[torch.float32] = (1e-2, 1e-2)`']),
     "dsa_shrinks_batch.py": ("config", ["dsa_indexer_topk batch sizes: [4] → [1]"]),
@@ -127,6 +129,8 @@ def _evaluate(path: Path, op: str, device: str = "cpu"):
 def test_every_candidate_the_static_checks_reject_is_stopped_before_any_process():
     stopped = 0
     for path in sorted(CANDIDATES.glob("*.py")):
+        if path.name in COLLECTIVE:  # tests/test_allreduce.py evaluates these across ranks
+            continue
         op = get_op(op_of(path.name))
         dsl = kernel_dsl(path)
         source = path.read_text()

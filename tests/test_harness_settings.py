@@ -4,6 +4,9 @@ after calls), the source check against the kept kernel, and the plausibility fla
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,3 +160,60 @@ def test_the_shipped_kernels_change_nothing_protected():
         kept = op.baseline_path.read_text()
         for path in op.kernels().values():
             assert protected.check(path.read_text(), kept)[0] == "pass", path
+
+
+# -- a source that declares another encoding than the UTF-8 every check reads ------------
+
+UTF7_CANDIDATE = Path(__file__).parent / "candidates" / "rmsnorm_hides_code_in_utf7.py"
+
+
+def test_outside_the_harness_a_utf7_declaration_runs_a_line_every_check_reads_as_a_comment():
+    text = UTF7_CANDIDATE.read_text(encoding="utf-8")
+    # Read as UTF-8, as the checks and a reviewer read it: no import of the harness.
+    assert "import runners.harness" not in text
+    assert all(finding.what != "imports the harness" for finding in protected.findings(text))
+    # Imported as Python imports it: the hidden line ran.
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import importlib.util, sys\n"
+         f"spec = importlib.util.spec_from_file_location('candidate', {str(UTF7_CANDIDATE)!r})\n"
+         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+         "print(module._harness.__name__)"],
+        capture_output=True, text=True, timeout=120, check=True, cwd=Path(__file__).parents[1])
+    assert done.stdout.strip() == "runners.harness.timing"
+
+
+def test_a_utf7_declaration_is_rejected_by_its_source_and_never_loaded():
+    result = evaluate("rmsnorm", UTF7_CANDIDATE, context_lengths=[64], time_budget_s=0.05, limits=LIMITS)
+    guards = {guard.name: guard for guard in result.guards}
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    assert guards["protected-settings"].status == "fail"
+    assert "line 1 declares an encoding other than UTF-8" in guards["protected-settings"].detail
+    assert "`# coding: utf-7`" in guards["protected-settings"].detail
+    # Run past the static stage, the child refuses to import it.
+    result = evaluate("rmsnorm", UTF7_CANDIDATE, context_lengths=[64], time_budget_s=0.05, limits=LIMITS,
+                      stop_at_static=False)
+    failed = {guard.name: guard.detail for guard in result.guards if guard.status == "fail"}
+    assert result.verdict == "rejected"
+    assert "declares an encoding other than UTF-8 (line 1: # coding: utf-7)" in failed["loads"]
+
+
+def test_a_shared_file_that_declares_utf7_is_rejected_naming_it(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    # The shared file is the attack, the candidate that imports it plain.
+    (lib / "rows.py").write_bytes(UTF7_CANDIDATE.read_bytes())
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text("from runners.kernel_lib.rows import forward as _rows\n\n\n"
+                         "def forward(x, weight, eps):\n    return _rows(x, weight, eps)\n")
+    result = evaluate("rmsnorm", candidate, context_lengths=[64], time_budget_s=0.05, limits=LIMITS, lib=lib)
+    failed = {guard.name: guard.detail for guard in result.guards if guard.status == "fail"}
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    assert "rows.py" in failed["protected-settings"]
+    assert "declares an encoding other than UTF-8" in failed["protected-settings"]
+
+
+@pytest.mark.parametrize("first_lines", ["# coding: utf-8\n", "# -*- coding: UTF8 -*-\n", "#!/usr/bin/env python\n",
+                                         "#!/usr/bin/env python\n# vim: set fileencoding=ascii :\n"])
+def test_utf8_and_ascii_declarations_are_not_findings(first_lines):
+    assert protected.findings(first_lines + RMSNORM) == []

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runners import python_source
+
 _MAX_LINE = 300
 
 
@@ -44,6 +46,14 @@ def load_candidate(path: Path) -> Candidate:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise CandidateError(f"{path.name} cannot be loaded as a Python module")
+    try:
+        declared = python_source.foreign_encoding(path.read_bytes().decode("utf-8", errors="replace"))
+    except OSError as error:
+        raise CandidateError(f"{path.name} cannot be read: {one_line(error)}") from None
+    if declared:
+        # Python would run other text than every check read: never load it.
+        raise CandidateError(f"{path.name} declares an encoding other than UTF-8 "
+                             f"(line {declared[0]}: {declared[1]})")
     module = importlib.util.module_from_spec(spec)
     # DSL compilers (Triton, CuTe) look functions' modules up in sys.modules.
     sys.modules[name] = module

@@ -135,6 +135,10 @@ def findings(source: str) -> list[Finding]:
     tree = python_source.parse(source)
     names = _Names(tree)
     found: list[Finding] = []
+    if declared := python_source.foreign_encoding(source):
+        # Python would run other text than this check (and the reviewer) reads.
+        found.append(Finding(declared[0], "declares an encoding other than UTF-8, which Python "
+                             "would decode it by instead of the text every check reads", declared[1]))
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             module = node.module if isinstance(node, ast.ImportFrom) else None
