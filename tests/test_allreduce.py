@@ -175,9 +175,9 @@ def test_outside_the_multicast_attack_is_right_but_turns_multicast_on(shares, tm
 
 # -- inside the harness -------------------------------------------------------------------
 
-def _evaluate(candidate, sizes=(4096,), budget_s=0.2):
+def _evaluate(candidate, sizes=(4096,), budget_s=0.2, **options):
     return evaluate("allreduce_sum", candidate, context_lengths=list(sizes),
-                    time_budget_s=budget_s, limits=LIMITS)
+                    time_budget_s=budget_s, limits=LIMITS, **options)
 
 
 def _guard(result, name):
@@ -226,7 +226,8 @@ def test_inside_a_sum_on_rank_0_only_fails_correctness_on_rank_1():
 
 
 def test_inside_turning_multicast_on_fails_the_config_guard_at_run_time():
-    result = _evaluate(str(CANDIDATES / "allreduce_turns_on_multicast.py"))
+    # Past the static stage, which stops it first, to show the run-time guard.
+    result = _evaluate(str(CANDIDATES / "allreduce_turns_on_multicast.py"), stop_at_static=False)
     assert result.verdict == "rejected" and result.correct
     guard = _guard(result, "config")
     assert guard.status == "fail"
@@ -354,7 +355,8 @@ def test_outside_a_rank_rewrites_the_baseline_in_the_project_tree(tmp_path):
 
 def test_inside_the_jail_the_project_tree_is_read_only_and_the_write_is_named():
     baseline = OP.baseline_path.read_bytes()
-    result = _evaluate(str(REWRITES))
+    # Past the static stage (its source imports the harness's kernel) to the jail.
+    result = _evaluate(str(REWRITES), stop_at_static=False)
     assert OP.baseline_path.read_bytes() == baseline
     assert result.verdict == "rejected"
     guard = _guard(result, "jail")
@@ -385,10 +387,82 @@ def test_outside_a_rank_timing_itself_would_report_a_slow_call_as_fast(tmp_path)
 
 
 def test_inside_the_judges_clock_times_the_group_and_the_slow_call_shows():
-    result = _evaluate(str(SLOW_CLOCK))
+    result = _evaluate(str(SLOW_CLOCK), stop_at_static=False)
     # Timed all the same: the judge's clock, which the ranks' processes do not hold.
     for workload in result.workloads:
         assert workload.candidate_ms >= 20 and workload.speedup < 1
     # And its source says what it did to the clock.
     assert result.correct and result.verdict == "rejected"
     assert "time.perf_counter_ns = " in _guard(result, "protected-settings").detail
+
+
+# -- the cascade's static stage and the timed outputs --------------------------------------
+
+def test_a_source_the_static_stage_rejects_starts_no_rank_group(tmp_path):
+    source = tmp_path / "imports_the_harness.py"
+    source.write_text("import runners.harness.timing  # noqa: F401\n"
+                      "from runners.ops.allreduce_sum.kernels.shared_memory_one_shot import forward\n")
+    result = _evaluate(str(source))
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    guard = _guard(result, "protected-settings")
+    assert guard.status == "fail" and result.error == guard.detail
+    assert "runners.harness" in guard.detail, guard.detail
+    assert not any(workload.baseline_ms for workload in result.workloads)  # nothing ran
+    assert [g.name for g in result.guards] == ["protected-settings"]
+
+
+CACHES = CANDIDATES / "allreduce_caches_its_result.py"
+
+
+def _plain_rank_caching(rank, store, shared, candidate, shares, answers):
+    import torch.distributed as dist
+
+    from runners.harness.rank_worker import Comm
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    spec = importlib.util.spec_from_file_location(f"plain_{rank}", candidate)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    comm = Comm(rank=rank, world_size=2, group=dist.group.WORLD, device=torch.device("cpu"),
+                shared_dir=shared)
+    module.setup(comm)
+    x = shares[rank].clone()
+    first = module.forward(x, comm).numpy().copy()
+    x.mul_(2)  # every rank's share changes in place: the sum is now twice the first
+    dist.barrier()
+    again = module.forward(x, comm).numpy().copy()
+    answers.put((rank, first, again))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_outside_the_caching_kernel_returns_a_stale_sum_for_a_changed_tensor(shares, tmp_path):
+    context = multiprocessing.get_context("spawn")
+    answers = context.Queue()
+    ranks = [context.Process(target=_plain_rank_caching, args=(
+        rank, str(tmp_path / "store"), str(tmp_path), str(CACHES), shares, answers))
+        for rank in range(2)]
+    for process in ranks:
+        process.start()
+    found = {}
+    for _ in ranks:
+        rank, first, again = answers.get(timeout=120)
+        found[rank] = (torch.from_numpy(first), torch.from_numpy(again))
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    expected = shares.double().sum(0)
+    for rank in range(2):
+        first, again = found[rank]
+        assert torch.allclose(first.double(), expected, rtol=1e-6, atol=1e-6)
+        assert torch.equal(again, first)  # the stored sum, not the new one
+        assert not torch.allclose(again.double(), 2 * expected, rtol=1e-2, atol=1e-2)
+
+
+def test_inside_the_caching_kernel_is_checked_right_and_then_caught_timed():
+    result = _evaluate(str(CACHES))
+    assert _guard(result, "correctness").status == "pass"  # the checked calls did the work
+    assert result.verdict == "rejected" and not result.correct and result.dispatch is None
+    guard = _guard(result, "timed-outputs")
+    assert guard.status == "fail" and "timed round" in guard.detail, guard.detail
+    assert "rank 0" in guard.detail and "values differ" in guard.detail, guard.detail

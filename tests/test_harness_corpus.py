@@ -152,6 +152,7 @@ COLLECTIVE = {
     "allreduce_rank_hangs.py": "process", "allreduce_reaches_network.py": "correctness",
     "allreduce_rewrites_the_baseline.py": "jail",
     "allreduce_slows_its_clock.py": "protected-settings",
+    "allreduce_caches_its_result.py": "timed-outputs",
 }
 
 

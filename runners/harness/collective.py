@@ -61,7 +61,9 @@ from runners.harness.children import (
     jail_messages,
 )
 from runners.jail.plan import make_plan
+from runners.harness.correctness import TIMED_OUTPUTS
 from runners.harness.dispatch import SizedResult, dispatch_range
+from runners.harness.measure import REVALIDATE_RATE
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import MIN_NOISE_FLOOR, compare
@@ -160,6 +162,12 @@ class RankGroup:
         for rank, fd in enumerate(self.requests):
             self._send(fd, {"do": "prepare", "slot": slot}, {"x": shares[rank]}, "preparing inputs")
         self._receive_all(self.limits.call_s, "preparing inputs")
+
+    def prepare_round(self, shares: torch.Tensor) -> None:
+        """Rank r is given shares[r]: one fresh input of its own per call of the round."""
+        for rank, fd in enumerate(self.requests):
+            self._send(fd, {"do": "prepare_round"}, {"x": shares[rank]}, "preparing a round's inputs")
+        self._receive_all(self.limits.call_s, "preparing a round's inputs")
 
     def ask(self, do: str, during: str, **fields: Any) -> list[tuple[dict[str, Any], dict]]:
         """The same request to every rank at once (a collective needs them all)."""
@@ -391,6 +399,7 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
                     failures.append(f"{workload.name}, {distribution}, rank {rank}: {detail}")
                 if not torch.equal(tensors["x_after"], inputs["x"][rank]):
                     changed.append(f"{workload.name}, rank {rank}")
+        candidate.ask("drop", "dropping inputs", slot=slot)
         if watch.collectives:
             break
     if failures:
@@ -408,12 +417,13 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
         return  # rejected already: nothing to time
 
     result.workloads = []
-    for slot, workload in enumerate(workloads):
-        inputs = op.make_inputs(workload, derive_seed(result.seed, "inputs", workload.name,
-                                                      DISTRIBUTIONS[0]), DISTRIBUTIONS[0])
-        baseline.prepare(slot, inputs["x"])
-        candidate.prepare(slot, inputs["x"])
-        times = _time(groups, slot, workload, watch, budget_s=budget_s)
+    for workload in workloads:
+        times, wrong = _time(op, groups, workload, watch, result.seed, budget_s=budget_s)
+        if wrong:
+            more = f"; and {len(wrong) - 1} more" if len(wrong) > 1 else ""
+            result.guards.append(Guard(TIMED_OUTPUTS, "fail", wrong[0] + more))
+            result.correct = False
+            return
         rng = np.random.default_rng(derive_seed(result.seed, "bootstrap", workload.name))
         floor = MIN_NOISE_FLOOR[result.device]
         found = compare(times[BASELINE], times[CANDIDATE], rng=rng, noise=floor)
@@ -425,8 +435,6 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
             candidate_ci_ms=list(found.candidate_ci_ms), noise_floor=floor,
             calls_per_request=SAMPLES_PER_ROUND)
         result.workloads.append(timed)
-        for group in groups.values():
-            group.ask("drop", "dropping inputs", slot=slot)
         low, high = timed.speedup_ci
         say(f"timing {workload.name}: baseline {timed.baseline_ms:.4g} ms, candidate "
             f"{timed.candidate_ms:.4g} ms (slowest of {op.world_size} ranks), speedup "
@@ -436,26 +444,61 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
             return  # it behaved otherwise once timed: rejected, no more to time
 
 
-def _time(groups: dict[str, RankGroup], slot: int, workload: Workload, watch: _Watch, *,
-          budget_s: float) -> dict[str, list[float]]:
+def _time(op: Op, groups: dict[str, RankGroup], workload: Workload, watch: _Watch,
+          secret_seed: int, *, budget_s: float) -> tuple[dict[str, list[float]], list[str]]:
     """Alternating rounds, baseline then candidate, until the budget is spent: whatever
     slows the machine meanwhile slows both sides alike. A round is SAMPLES_PER_ROUND
-    calls on every rank, each behind a barrier; its sample is the judge's own clock,
-    from the request's first byte out to the last rank's reply in, per call: the
-    collective is done when its slowest rank is, and no rank's word on its own speed
-    is taken (its process runs candidate code)."""
+    calls on every rank, each behind a barrier and each on inputs of its own, new every
+    round (drawn from the secret seed, so no call's input was seen before: a result kept
+    from an earlier call is stale). Its sample is the judge's own clock, from the
+    request's first byte out to the last rank's reply in, per call: the collective is
+    done when its slowest rank is, and no rank's word on its own speed is taken (its
+    process runs candidate code). After a secret sample of rounds, and after the last,
+    the judge reads back every output of the candidate's round on every rank and
+    checks it against the exact sum: a rank that skipped work while timed is wrong.
+
+    Returns the times and what was wrong in the timed outputs read."""
     times: dict[str, list[float]] = {BASELINE: [], CANDIDATE: []}
+    wrong: list[str] = []
+    # The judge's own draw of the rounds it reads, from a seed the ranks never see.
+    picker = np.random.default_rng(derive_seed(secret_seed, "timed outputs", workload.name))
     started = time.monotonic()
     rounds = 0
     while rounds < MIN_ROUNDS or (time.monotonic() - started < budget_s and rounds < MAX_ROUNDS):
+        calls = [op.make_inputs(workload, derive_seed(secret_seed, "timing", workload.name,
+                                                      rounds, call), DISTRIBUTIONS[0])
+                 for call in range(SAMPLES_PER_ROUND)]
+        shares = torch.stack([inputs["x"] for inputs in calls], dim=1)  # (rank, call, ...)
         for role, group in groups.items():
+            group.prepare_round(shares)
             sent = time.perf_counter_ns()
-            answers = group.ask("time", f"timing {workload.name}", slot=slot,
-                                samples=SAMPLES_PER_ROUND)
+            answers = group.ask("time", f"timing {workload.name}", samples=SAMPLES_PER_ROUND)
             times[role].append((time.perf_counter_ns() - sent) / 1e6 / SAMPLES_PER_ROUND)
             if role == CANDIDATE:
                 for rank, (header, _) in enumerate(answers):
                     watch.calls += SAMPLES_PER_ROUND
                     watch.note(rank, header, f"timing {workload.name}")
         rounds += 1
-    return times
+        if picker.random() < REVALIDATE_RATE:
+            wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)
+            if wrong:
+                return times, wrong
+    # The last round's outputs, whatever the draw: the candidate's ranks still hold them.
+    wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)
+    return times, wrong
+
+
+def _timed_outputs(op: Op, candidate: RankGroup, workload: Workload,
+                   calls: list[dict[str, torch.Tensor]], round_number: int) -> list[str]:
+    """Every output of the candidate's last round, on every rank, against its exact sum."""
+    wrong = []
+    answers = candidate.ask("outputs", f"reading timed outputs of {workload.name}")
+    for rank, (_, tensors) in enumerate(answers):
+        for call, inputs in enumerate(calls):
+            output = tensors.get(f"output_{call}")
+            ok, detail = (op.check(output, op.reference(inputs), inputs) if output is not None
+                          else (False, "forward returned no tensor"))
+            if not ok:
+                wrong.append(f"{workload.name}, timed round {round_number} call {call + 1}, "
+                             f"rank {rank}: {detail}")
+    return wrong

@@ -336,6 +336,10 @@ def evaluate(
         if dsl != "torch" or e2e_command is not None:
             raise UsageError(f"{op.name} spans {op.world_size} ranks: its evaluation runs torch "
                              "candidates, without an end-to-end command, so far")
+        settings = protected.check(source, baseline_source)
+        if stop_at_static and settings is not None and settings[0] == "fail":
+            # The cascade's static stage, as for one process: no rank group starts.
+            return _refused(result, Guard("protected-settings", *settings), started)
         collective.evaluate(op, path, baseline_path, workloads, result, budget_s=time_budget_s,
                             limits=limits, deadline=started + limits.total_s, say=say)
         result.machine = machine_state(kind)

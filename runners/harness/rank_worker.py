@@ -150,6 +150,11 @@ class Rank:
     def __init__(self, requests: int, replies: int) -> None:
         self.requests, self.replies = requests, replies
         self.inputs: dict[int, torch.Tensor] = {}
+        # A timing round's own inputs, one per timed call, and what those calls returned:
+        # the judge may ask for the outputs after any round, and cannot be told apart
+        # from one it does not ask after.
+        self.round_inputs: list[torch.Tensor] = []
+        self.round_outputs: list[Any] = []
 
     def reply(self, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
         header = {**header, "refused": self.sandbox.new_refusals() if hasattr(self, "sandbox") else []}
@@ -228,13 +233,25 @@ class Rank:
                 self.inputs[slot] = tensors["x"].to(self.device)
                 self.reply({"ok": True})
                 continue
+            if do == "prepare_round":
+                # Each call of the round its own storage: none is a tensor seen before.
+                self.round_inputs = [row.clone() for row in tensors["x"].to(self.device)]
+                self.round_outputs = []
+                self.reply({"ok": True})
+                continue
+            if do == "outputs":
+                self.reply({"ok": True, "count": len(self.round_outputs)},
+                           {f"output_{index}": output.detach().cpu()
+                            for index, output in enumerate(self.round_outputs)
+                            if isinstance(output, torch.Tensor)})
+                continue
             if do == "drop":
                 self.inputs.pop(slot, None)
                 self.reply({"ok": True})
                 continue
-            x = self.inputs[slot]
             try:
                 if do == "check":
+                    x = self.inputs[slot]
                     self.barrier()
                     output, collectives = self.call(x)
                     self.reply({"ok": True, "collectives": collectives,
@@ -244,9 +261,11 @@ class Rank:
                                if isinstance(output, torch.Tensor) else {"x_after": x.cpu()})
                 elif do == "time":
                     collectives: Counter[str] = Counter()
-                    for _ in range(int(request["samples"])):
+                    self.round_outputs = []
+                    for x in self.round_inputs:
                         self.barrier()
-                        _, seen = self.call(x)
+                        output, seen = self.call(x)
+                        self.round_outputs.append(output)
                         collectives["total"] += seen["total"]
                     self.reply({"ok": True, "collectives": dict(collectives),
                                 "environment": environment_changes(self.environment)})
