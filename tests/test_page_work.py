@@ -14,6 +14,7 @@ from django.urls import reverse
 
 import workspace
 from research import result_rows
+from reviews import queue_count, services
 from research.models import Candidate, Measurement
 from tests.reviewing import (make_reviewer, make_thesis, people, record, recorded_result, start_sweep,  # noqa: F401
                              no_enqueue, waiting_win, workspace_dir)
@@ -81,6 +82,49 @@ def test_the_review_page_and_dashboard_ask_no_more_queries_as_wins_and_sweeps_ad
     for n in range(8):
         another_win(f"Other {n}")
     assert (_queries(reviewer_client, review), _queries(reviewer_client, dashboard)) == before
+
+
+def _navigation_count(client) -> int:
+    return int(re.search(r'id="review-count"[^>]*>(\d+)</span>', _page(client, reverse("dashboard"))).group(1))
+
+
+def test_the_navigations_review_count_is_counted_once_per_change_of_the_queue(
+        waiting_win, people, reviewer_client, monkeypatch, django_capture_on_commit_callbacks):
+    counted: list[int] = []
+    count = queue_count.review_queue_count
+    monkeypatch.setattr(queue_count, "review_queue_count", lambda: counted.append(count()) or counted[-1])
+
+    assert _navigation_count(reviewer_client) == 1 and counted == [1]
+    assert _navigation_count(reviewer_client) == 1 and counted == [1]  # kept: no count on the next pages
+    # A new win waits: the next page counts it.
+    with django_capture_on_commit_callbacks(execute=True):
+        another = record(start_sweep(make_thesis(people.author, title="Another"), people.producer)
+                         .candidates.get(number=1), recorded_result())
+    assert _navigation_count(reviewer_client) == 2 and counted == [1, 2]
+    # A keep takes one off the queue (and makes the other win stale: timed against a kernel
+    # no longer kept), on the next page too.
+    with django_capture_on_commit_callbacks(execute=True):
+        services.candidate_keep(candidate=another, reviewer=people.reviewer, commit=another.commit)
+    assert _navigation_count(reviewer_client) == 0 and counted == [1, 2, 0]
+    assert _navigation_count(reviewer_client) == 0 and counted == [1, 2, 0]
+
+
+def test_a_count_made_while_the_queue_changes_is_never_shown_after_the_change(waiting_win, people, reviewer_client,
+                                                                              monkeypatch):
+    # A page counts the old queue (1), but a revert and its news land before it stores
+    # the number: what it stores belongs to the old generation, and the next page counts anew.
+    count = queue_count.review_queue_count
+
+    def counted_before_a_change() -> int:
+        number = count()
+        services.candidate_revert(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit)
+        queue_count.forget()  # what the revert's on_commit does (reviews.live)
+        return number
+
+    monkeypatch.setattr(queue_count, "review_queue_count", counted_before_a_change)
+    assert _navigation_count(reviewer_client) == 1
+    monkeypatch.setattr(queue_count, "review_queue_count", count)
+    assert _navigation_count(reviewer_client) == 0
 
 
 def test_a_result_row_is_drawn_once_and_again_only_when_what_it_shows_changes(people, workspace_dir, no_enqueue,
