@@ -9,6 +9,7 @@ import re
 import pytest
 from django.core.cache import cache
 from django.db import connection
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -58,12 +59,20 @@ def reviewer_client(client, people):
 def test_the_sweep_page_asks_as_many_queries_for_3_results_as_for_24(people, workspace_dir, no_enqueue,
                                                                      reviewer_client):
     small, large = _recorded_sweep(people, 3), _recorded_sweep(people, 24)
-    for url in (small.get_absolute_url(), reverse("sweep_results", args=[small.pk])):
-        reviewer_client.get(url)  # the first request of a process fills what it keeps
+
+    def drawn_anew(url: str) -> int:
+        cache.clear()
+        return _queries(reviewer_client, url)
+
+    def kept(url: str) -> int:
+        reviewer_client.get(url)  # the first request fills what the page keeps
+        return _queries(reviewer_client, url)
+
     for small_url, large_url in [(small.get_absolute_url(), large.get_absolute_url()),
                                  (reverse("sweep_results", args=[small.pk]), reverse("sweep_results", args=[large.pk])),
                                  (reverse("sweep_chart", args=[small.pk]), reverse("sweep_chart", args=[large.pk]))]:
-        assert _queries(reviewer_client, small_url) == _queries(reviewer_client, large_url), large_url
+        assert drawn_anew(small_url) == drawn_anew(large_url), large_url
+        assert kept(small_url) == kept(large_url), large_url
 
 
 def test_the_review_page_and_dashboard_ask_no_more_queries_as_wins_and_sweeps_add_up(people, workspace_dir,
@@ -136,16 +145,30 @@ def test_a_result_row_is_drawn_once_and_again_only_when_what_it_shows_changes(pe
     monkeypatch.setattr(result_rows, "render_to_string",
                         lambda name, context: drawn.append(context["row"].number) or draw(name, context))
 
-    assert _page(reviewer_client, sweep.get_absolute_url()) == fresh and drawn == []
-    # Candidate 2's speedup on its first workload changes (as a re-record would): that row,
-    # and only it, is drawn again, and the page shows the new figure.
-    Measurement.objects.filter(candidate__sweep=sweep, candidate__number=2, position=0).update(speedup=1.777)
-    changed = _page(reviewer_client, sweep.get_absolute_url())
-    assert drawn == [2] and "1.78×" in changed and changed != fresh
-    # Drawn from the cache or not, the page is the same HTML.
-    cache.clear()
-    drawn.clear()
-    assert _page(reviewer_client, sweep.get_absolute_url()) == changed and drawn == [1, 2, 3]
+    # The measurements read whole: only those of the rows drawn (the key needs one line each).
+    read: list[int] = []
+    post_init.connect(lambda sender, instance, **kw: read.append(instance.candidate_id), sender=Measurement,
+                      weak=False, dispatch_uid="test_page_work.read")
+    try:
+        assert _page(reviewer_client, sweep.get_absolute_url()) == fresh and drawn == [] and read == []
+        # Candidate 2's speedup on its first workload changes (as a re-record would): that
+        # row, and only it, is drawn again, and the page shows the new figure.
+        Measurement.objects.filter(candidate__sweep=sweep, candidate__number=2, position=0).update(speedup=1.777)
+        changed = _page(reviewer_client, sweep.get_absolute_url())
+        second = sweep.candidates.get(number=2).pk
+        assert drawn == [2] and "1.78×" in changed and changed != fresh and read == [second] * 4
+        # A change of significance alone is a change of what the row shows too.
+        Measurement.objects.filter(candidate=second, position=1).update(significant=False)
+        assert _page(reviewer_client, sweep.get_absolute_url()) != changed and drawn == [2, 2]
+        Measurement.objects.filter(candidate=second, position=1).update(significant=True)
+        # Drawn from the cache or not, the page is the same HTML.
+        cache.clear()
+        drawn.clear()
+        read.clear()
+        assert _page(reviewer_client, sweep.get_absolute_url()) == changed and drawn == [1, 2, 3]
+        assert len(read) == 3 * 4
+    finally:
+        post_init.disconnect(sender=Measurement, dispatch_uid="test_page_work.read")
 
 
 def test_a_result_row_is_drawn_again_when_its_verdict_or_error_changes(people, workspace_dir, no_enqueue,
