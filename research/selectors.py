@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
 from research.hardware import HARDWARE
@@ -49,7 +49,8 @@ def candidate_get(candidate_id: int) -> Candidate:
 
 
 def sweep_results(sweep: Sweep, *, after_number: int = 0, limit: int = RESULT_PAGE_SIZE) -> list[Candidate]:
-    """Recorded candidates in sweep order, each with its measurements in workload order."""
+    """Recorded candidates in sweep order, without their measurements: research.result_rows
+    reads those of the rows it has to draw."""
     return list(
         sweep.candidates.filter(
             status__in=[Candidate.Status.DONE, Candidate.Status.FAILED], number__gt=after_number
@@ -57,14 +58,6 @@ def sweep_results(sweep: Sweep, *, after_number: int = 0, limit: int = RESULT_PA
         .only(
             "id", "sweep_id", "number", "params", "status", "verdict", "correct",
             "geomean_speedup", "best_speedup", "error",
-        )
-        .prefetch_related(
-            Prefetch(
-                "measurements",
-                queryset=Measurement.objects.only(
-                    "candidate_id", "position", "workload", "speedup", "significant"
-                ),
-            )
         )[:limit]
     )
 

@@ -1,6 +1,7 @@
 """The review queue's websocket: tells a page the queue's size whenever it changes.
 
-Publishers only say "changed" (reviews.live); the count always comes from the database.
+Publishers only say "changed" (reviews.live), after forgetting the kept count; each page
+then asks reviews.queue_count, so one change costs one count, not one per open page.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from research.consumers import CLOSE_UNAUTHENTICATED
 from reviews.live import QUEUE_GROUP
-from reviews.selectors import review_queue_count
+from reviews import queue_count
 
 
 class ReviewQueueConsumer(AsyncJsonWebsocketConsumer):
@@ -32,5 +33,5 @@ class ReviewQueueConsumer(AsyncJsonWebsocketConsumer):
         await self._send_count()
 
     async def _send_count(self) -> None:
-        count = await database_sync_to_async(review_queue_count)()
+        count = await database_sync_to_async(queue_count.count)()
         await self.send_json({"type": "queue.count", "count": count})

@@ -9,7 +9,7 @@ from django.utils.functional import SimpleLazyObject
 def review_queue(request: HttpRequest) -> dict:
     if not getattr(request, "user", None) or not request.user.is_authenticated:
         return {}
-    from reviews.selectors import review_queue_count
+    from reviews import queue_count
 
-    # Lazy: pages that do not show the navigation never run the query.
-    return {"review_queue_count": SimpleLazyObject(review_queue_count)}
+    # Lazy: pages that do not show the navigation never ask for it.
+    return {"review_queue_count": SimpleLazyObject(queue_count.count)}

@@ -1,7 +1,8 @@
 """Publishing review-queue changes to the `reviews` channel group.
 
-The message carries no count: each connected page asks the database when told, so a
-lost push costs only a late number, never a wrong one.
+The message carries no count: each connected page asks for it when told, so a lost push
+costs only a late number, never a wrong one. The count kept for the navigation
+(reviews.queue_count) is forgotten first, so whoever asks after the push counts anew.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from reviews import queue_count
+
 logger = logging.getLogger(__name__)
 
 QUEUE_GROUP = "reviews"
 
 
 def publish_queue_changed() -> None:
+    queue_count.forget()
     layer = get_channel_layer()
     try:
         async_to_sync(layer.group_send)(QUEUE_GROUP, {"type": "queue.changed"})

@@ -9,11 +9,13 @@ import re
 import pytest
 from django.core.cache import cache
 from django.db import connection
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import workspace
 from research import result_rows
+from reviews import queue_count, services
 from research.models import Candidate, Measurement
 from tests.reviewing import (make_reviewer, make_thesis, people, record, recorded_result, start_sweep,  # noqa: F401
                              no_enqueue, waiting_win, workspace_dir)
@@ -57,12 +59,20 @@ def reviewer_client(client, people):
 def test_the_sweep_page_asks_as_many_queries_for_3_results_as_for_24(people, workspace_dir, no_enqueue,
                                                                      reviewer_client):
     small, large = _recorded_sweep(people, 3), _recorded_sweep(people, 24)
-    for url in (small.get_absolute_url(), reverse("sweep_results", args=[small.pk])):
-        reviewer_client.get(url)  # the first request of a process fills what it keeps
+
+    def drawn_anew(url: str) -> int:
+        cache.clear()
+        return _queries(reviewer_client, url)
+
+    def kept(url: str) -> int:
+        reviewer_client.get(url)  # the first request fills what the page keeps
+        return _queries(reviewer_client, url)
+
     for small_url, large_url in [(small.get_absolute_url(), large.get_absolute_url()),
                                  (reverse("sweep_results", args=[small.pk]), reverse("sweep_results", args=[large.pk])),
                                  (reverse("sweep_chart", args=[small.pk]), reverse("sweep_chart", args=[large.pk]))]:
-        assert _queries(reviewer_client, small_url) == _queries(reviewer_client, large_url), large_url
+        assert drawn_anew(small_url) == drawn_anew(large_url), large_url
+        assert kept(small_url) == kept(large_url), large_url
 
 
 def test_the_review_page_and_dashboard_ask_no_more_queries_as_wins_and_sweeps_add_up(people, workspace_dir,
@@ -83,6 +93,49 @@ def test_the_review_page_and_dashboard_ask_no_more_queries_as_wins_and_sweeps_ad
     assert (_queries(reviewer_client, review), _queries(reviewer_client, dashboard)) == before
 
 
+def _navigation_count(client) -> int:
+    return int(re.search(r'id="review-count"[^>]*>(\d+)</span>', _page(client, reverse("dashboard"))).group(1))
+
+
+def test_the_navigations_review_count_is_counted_once_per_change_of_the_queue(
+        waiting_win, people, reviewer_client, monkeypatch, django_capture_on_commit_callbacks):
+    counted: list[int] = []
+    count = queue_count.review_queue_count
+    monkeypatch.setattr(queue_count, "review_queue_count", lambda: counted.append(count()) or counted[-1])
+
+    assert _navigation_count(reviewer_client) == 1 and counted == [1]
+    assert _navigation_count(reviewer_client) == 1 and counted == [1]  # kept: no count on the next pages
+    # A new win waits: the next page counts it.
+    with django_capture_on_commit_callbacks(execute=True):
+        another = record(start_sweep(make_thesis(people.author, title="Another"), people.producer)
+                         .candidates.get(number=1), recorded_result())
+    assert _navigation_count(reviewer_client) == 2 and counted == [1, 2]
+    # A keep takes one off the queue (and makes the other win stale: timed against a kernel
+    # no longer kept), on the next page too.
+    with django_capture_on_commit_callbacks(execute=True):
+        services.candidate_keep(candidate=another, reviewer=people.reviewer, commit=another.commit)
+    assert _navigation_count(reviewer_client) == 0 and counted == [1, 2, 0]
+    assert _navigation_count(reviewer_client) == 0 and counted == [1, 2, 0]
+
+
+def test_a_count_made_while_the_queue_changes_is_never_shown_after_the_change(waiting_win, people, reviewer_client,
+                                                                              monkeypatch):
+    # A page counts the old queue (1), but a revert and its news land before it stores
+    # the number: what it stores belongs to the old generation, and the next page counts anew.
+    count = queue_count.review_queue_count
+
+    def counted_before_a_change() -> int:
+        number = count()
+        services.candidate_revert(candidate=waiting_win, reviewer=people.reviewer, commit=waiting_win.commit)
+        queue_count.forget()  # what the revert's on_commit does (reviews.live)
+        return number
+
+    monkeypatch.setattr(queue_count, "review_queue_count", counted_before_a_change)
+    assert _navigation_count(reviewer_client) == 1
+    monkeypatch.setattr(queue_count, "review_queue_count", count)
+    assert _navigation_count(reviewer_client) == 0
+
+
 def test_a_result_row_is_drawn_once_and_again_only_when_what_it_shows_changes(people, workspace_dir, no_enqueue,
                                                                               reviewer_client, monkeypatch):
     sweep = _recorded_sweep(people, 3)
@@ -92,16 +145,30 @@ def test_a_result_row_is_drawn_once_and_again_only_when_what_it_shows_changes(pe
     monkeypatch.setattr(result_rows, "render_to_string",
                         lambda name, context: drawn.append(context["row"].number) or draw(name, context))
 
-    assert _page(reviewer_client, sweep.get_absolute_url()) == fresh and drawn == []
-    # Candidate 2's speedup on its first workload changes (as a re-record would): that row,
-    # and only it, is drawn again, and the page shows the new figure.
-    Measurement.objects.filter(candidate__sweep=sweep, candidate__number=2, position=0).update(speedup=1.777)
-    changed = _page(reviewer_client, sweep.get_absolute_url())
-    assert drawn == [2] and "1.78×" in changed and changed != fresh
-    # Drawn from the cache or not, the page is the same HTML.
-    cache.clear()
-    drawn.clear()
-    assert _page(reviewer_client, sweep.get_absolute_url()) == changed and drawn == [1, 2, 3]
+    # The measurements read whole: only those of the rows drawn (the key needs one line each).
+    read: list[int] = []
+    post_init.connect(lambda sender, instance, **kw: read.append(instance.candidate_id), sender=Measurement,
+                      weak=False, dispatch_uid="test_page_work.read")
+    try:
+        assert _page(reviewer_client, sweep.get_absolute_url()) == fresh and drawn == [] and read == []
+        # Candidate 2's speedup on its first workload changes (as a re-record would): that
+        # row, and only it, is drawn again, and the page shows the new figure.
+        Measurement.objects.filter(candidate__sweep=sweep, candidate__number=2, position=0).update(speedup=1.777)
+        changed = _page(reviewer_client, sweep.get_absolute_url())
+        second = sweep.candidates.get(number=2).pk
+        assert drawn == [2] and "1.78×" in changed and changed != fresh and read == [second] * 4
+        # A change of significance alone is a change of what the row shows too.
+        Measurement.objects.filter(candidate=second, position=1).update(significant=False)
+        assert _page(reviewer_client, sweep.get_absolute_url()) != changed and drawn == [2, 2]
+        Measurement.objects.filter(candidate=second, position=1).update(significant=True)
+        # Drawn from the cache or not, the page is the same HTML.
+        cache.clear()
+        drawn.clear()
+        read.clear()
+        assert _page(reviewer_client, sweep.get_absolute_url()) == changed and drawn == [1, 2, 3]
+        assert len(read) == 3 * 4
+    finally:
+        post_init.disconnect(sender=Measurement, dispatch_uid="test_page_work.read")
 
 
 def test_a_result_row_is_drawn_again_when_its_verdict_or_error_changes(people, workspace_dir, no_enqueue,
