@@ -106,6 +106,11 @@ def test_several_web_processes_serve_one_port_and_any_one_of_them_answers(tmp_pa
     app = AppProcess(tmp_path / "data", {"WEB_PROCESSES": "2"})
     try:
         app.wait_until_up()
+        # The launcher says "up" after its own check that a process answers, a moment
+        # after the first answer this test saw.
+        deadline = time.monotonic() + 30
+        while "Kernel Lab is up" not in app.output() and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert "(2 web processes;" in app.output()
         servers = _web_processes_of(app.process.pid)
         assert len(servers) == 2
