@@ -108,8 +108,14 @@ def child(tmp_path_factory):
     return _run_child(CHILD, KERNEL, tmp_path_factory.mktemp("cute-points"), 240)
 
 
-def _labels(kernel=KERNEL):
-    for point in grid_points(read_literals(kernel.read_text())[1]):
+# A GPU host short of time may check each paged kernel's shipped point (PARAMS) alone:
+# CUTE_TEST_POINTS=shipped (bench/h200/paged_indexer.py --shipped-point).
+SHIPPED_POINT_ONLY = os.environ.get("CUTE_TEST_POINTS") == "shipped"
+
+
+def _labels(kernel=KERNEL, shipped_only=False):
+    params, space = read_literals(kernel.read_text())
+    for point in ([params] if shipped_only else grid_points(space)):
         yield ",".join(f"{key}={value}" for key, value in point.items())
 
 
@@ -151,7 +157,7 @@ INDEXER = get_op("dsa_indexer_topk").kernels()["logits_topk_cute"]
 # What both indexer kernels' children share: the op, its workloads, loading a point,
 # and the facts read from a kernel's PTX.
 INDEXER_COMMON = textwrap.dedent("""
-    import dataclasses, importlib.util, json, re, sys
+    import dataclasses, importlib.util, json, os, re, sys
     from pathlib import Path
 
     import torch
@@ -539,7 +545,9 @@ PAGED_COMMON = INDEXER_COMMON + textwrap.dedent("""
 
     def paged_facts(scores_kernel):
         points = {}
-        for index, point in enumerate(grid_points(read_literals(source)[1])):
+        params, space = read_literals(source)
+        shipped_only = os.environ.get("CUTE_TEST_POINTS") == "shipped"
+        for index, point in enumerate([params] if shipped_only else grid_points(space)):
             module = load(materialize(source, point), f"point{index}")
             facts = {f"scores{next_n}": ptx_facts(scores_kernel(module, point, next_n)) for next_n in (1, 2)}
             facts["select"] = ptx_facts(module.compiled_select(1, 2048, point["SPAN"], point["SELECT_THREADS"]))
@@ -577,7 +585,7 @@ def paged_child(tmp_path_factory):
     return _run_child(PAGED_CHILD, PAGED, tmp_path_factory.mktemp("cute-paged"), 600, "dsa_indexer_topk_paged")
 
 
-@pytest.mark.parametrize("label", list(_labels(PAGED)))
+@pytest.mark.parametrize("label", list(_labels(PAGED, SHIPPED_POINT_ONLY)))
 def test_every_paged_indexer_space_point_compiles_to_wgmma_fed_by_tma(paged_child, label):
     point = paged_child["points"][label]
     for next_n in (1, 2):
@@ -630,7 +638,7 @@ def paged_fp8_child(tmp_path_factory):
                       "dsa_indexer_topk_paged_fp8")
 
 
-@pytest.mark.parametrize("label", list(_labels(PAGED_FP8)))
+@pytest.mark.parametrize("label", list(_labels(PAGED_FP8, SHIPPED_POINT_ONLY)))
 def test_every_paged_fp8_indexer_space_point_compiles_to_e4m3_wgmma_fed_by_tma(paged_fp8_child, label):
     point = paged_fp8_child["points"][label]
     for next_n in (1, 2):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,8 @@ def main() -> None:
     parser.add_argument("--ctx", default="4096,65536,262144")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/h200/paged_indexer.jsonl")
+    parser.add_argument("--shipped-point", action="store_true",
+                        help="test each kernel's shipped point (PARAMS) alone, not every SPACE point")
     args = parser.parse_args()
     ops = args.ops.split(",")
     unknown = set(ops) - set(KERNELS)
@@ -110,8 +113,10 @@ def main() -> None:
         sys.exit(f"--ops takes {', '.join(KERNELS)}; got {', '.join(sorted(unknown))}")
     if not torch.cuda.is_available():
         sys.exit("needs a GPU")
-    tests = subprocess.run([sys.executable, "-m", "pytest", "tests/test_kernels_cute.py", "-q", "-k", "paged"],
-                           cwd=ROOT)
+    # Without the project's pytest settings and conftest: they load Django, which a GPU host lacks.
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-c", "/dev/null", "--noconftest", "-p", "no:cacheprovider",
+                            "--rootdir", ".", "-q", "-rA", "tests/test_kernels_cute.py", "-k", "paged"], cwd=ROOT,
+                           env={**os.environ, **({"CUTE_TEST_POINTS": "shipped"} if args.shipped_point else {})})
     if tests.returncode:
         sys.exit("the paged kernels' GPU tests failed: not timing them")
 
