@@ -16,7 +16,7 @@ with next_n=1) and the ops' own inputs (seed 11, normal draws):
   modes: its default strided output, and the compact one the select needs), and torch
   eager (each op's `baseline.py`);
 - paged FP8 (`dsa_indexer_topk_paged_fp8`) at 64 sequences of 256K ("equal") and at the
-  op's long-tailed mix up to 256K ("mixed"): DeepGEMM `fp8_paged_mqa_logits` (the op's
+  op's long-tailed mix up to 256K ("mixed"): our `logits_topk_paged_fp8_cute`, DeepGEMM `fp8_paged_mqa_logits` (the op's
   64-token blocks are DeepGEMM's Hopper block size; the cache is repacked into its fused
   layout, each block's 64x128 e4m3 values then its 64 float32 scales) + `torch.topk`
   over each row's valid prefix (the logits past it are unwritten, so they are set to
@@ -76,6 +76,7 @@ SEED, DISTRIBUTION = 11, "normal"
 
 OURS_BF16 = "ours: logits_topk_cute (bf16)"
 OURS_FP8 = "ours: logits_topk_fp8_cute (fp8)"
+OURS_PAGED_FP8 = "ours: logits_topk_paged_fp8_cute (paged fp8)"
 DG_DENSE_TOPK = "DeepGEMM fp8_mqa_logits + torch.topk"
 DG_DENSE_TOPK_COMPACT = "DeepGEMM fp8_mqa_logits (compact) + torch.topk"
 DG_DENSE_SELECT = "DeepGEMM fp8_mqa_logits + our CuTe select"
@@ -275,6 +276,9 @@ def paged_case(mix: str, context: int, device: str, dg, cute: bool) -> Case:
     def add(label, run, **kw):
         entries.append(Entry(label, op, workload, inputs, run, **kw))
 
+    if cute:
+        ours = kernel_forward(op, "logits_topk_paged_fp8_cute")
+        add(OURS_PAGED_FP8, lambda: ours(*inputs.values()))
     if dg is not None:
         logits, prefixes, width = paged_deepgemm(dg, op, inputs)
         add(DG_PAGED_TOPK, lambda: masked_topk(logits(), prefixes, topk))
