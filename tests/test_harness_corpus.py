@@ -98,6 +98,9 @@ PLANTED = {
     "rmsnorm_forges_reply.py": ("protocol", ["an answer to a request it was not asked"]),
     "rmsnorm_torch_fallback_triton.py": ("required-dsl", ["torch fallback: the call ran torch compute",
                                                           "aten.rsqrt"]),
+    # tests/test_harness_dsl.py shows its answer computed by torch inside the launch.
+    "rmsnorm_hook_in_torch_clothes_triton.py": ("required-dsl", ["torch fallback: the call ran torch compute",
+                                                                 "aten.rsqrt"]),
 }
 
 # Hacks that only a GPU can play; run where one is present.

@@ -29,6 +29,7 @@ import triton  # noqa: F401,E402 — a dependency: its absence must fail, not sk
 
 ROOT = Path(__file__).resolve().parents[1]
 FALLBACK = ROOT / "tests" / "candidates" / "rmsnorm_torch_fallback_triton.py"
+CLOTHED = ROOT / "tests" / "candidates" / "rmsnorm_hook_in_torch_clothes_triton.py"
 LIMITS = Limits(import_s=30, call_s=30, memory_bytes=2 * 2**30)
 STATIC_PASS = ("pass", "forward launches @triton.jit kernel _k (forward)")
 
@@ -198,6 +199,18 @@ CHILD = textwrap.dedent("""
     # Candidate code that Triton itself calls during the launch: a pre-run hook.
     rows._rmsnorm_rows.add_pre_run_hook(lambda *args, **kwargs: torch.ones(2, 2) @ torch.ones(2, 2))
     results["hooked"] = calls("rmsnorm", rows, [64], [1])
+    # The same, its hook rebuilt around a module's globals to pass for torch's or Triton's.
+    results["clothed"] = calls("rmsnorm", load(sys.argv[2]), [64], [1])
+    import types, triton.language
+    def mm(*args, **kwargs):
+        import torch  # triton.language's namespace has no torch
+        return torch.ones(2, 2) @ torch.ones(2, 2)
+    rows._rmsnorm_rows.add_pre_run_hook(types.FunctionType(mm.__code__, vars(triton.language), "mm"))
+    results["hooked_twice_as_triton"] = calls("rmsnorm", rows, [64], [1])
+    op = get_op("rmsnorm")
+    inputs = op.make_inputs(op.workloads("cpu", [64], [1])[0], 12, "normal")
+    results["clothed_correct"] = op.check(load(sys.argv[2]).forward(*inputs.values()), op.reference(inputs),
+                                          inputs)[0]
     print(json.dumps(results))
 """)
 
@@ -207,7 +220,7 @@ def recorded(tmp_path_factory):
     scratch = tmp_path_factory.mktemp("triton-torch-ops")
     env = {**os.environ, **child_environment("triton", "cpu", scratch),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(FALLBACK)], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, str(FALLBACK), str(CLOTHED)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -256,6 +269,17 @@ def test_candidate_code_that_triton_calls_inside_a_launch_still_counts(recorded)
     for call in recorded["hooked"].values():
         assert torch_compute(call["torch_ops"]) == {"aten.mm": 1}
         assert "aten.copy_" not in call["torch_ops"]
+
+
+def test_candidate_code_dressed_as_torch_or_triton_inside_a_launch_still_counts(recorded):
+    # Outside the harness: the answer is right, and it is torch's (the kernel writes nothing).
+    assert recorded["clothed_correct"] is True
+    for call in recorded["clothed"].values():
+        assert call["launches"] == 1 and "aten.rsqrt" in call["dispatched"]
+        # Inside: its hook's frame is in torch.nn.functional's namespace, its code is no file's of torch.
+        assert {"aten.pow", "aten.mean", "aten.rsqrt", "aten.mul"} <= set(torch_compute(call["torch_ops"]))
+    for call in recorded["hooked_twice_as_triton"].values():
+        assert torch_compute(call["torch_ops"]) == {"aten.mm": 2}
 
 
 # --- which ops are torch compute, and the rule ------------------------------------------

@@ -69,8 +69,6 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     """(launch, scores, hist): a callable that launches a CuTe indexer module's scores
     kernel alone on the op's inputs at these parameters, and the buffers it writes. The
     e4m3 module (inputs with a k_scale) takes the keys' scales and compiles for e4m3."""
-    from cutlass.cute.runtime import from_dlpack
-
     q, k, weights = inputs["q"], inputs["k"], inputs["weights"]
     rows_m, heads, dim = q.shape
     context, sms = k.shape[0], module._sms()
@@ -87,10 +85,8 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     else:
         kernel = module.compiled_scores_mma(q.dtype, *shape)
         tensors = (q.view(rows_m * heads, dim), k, weights, scores, hist)
-    arguments = [from_dlpack(t, assumed_align=16) for t in tensors]
-
     def launch(*_unused):
-        kernel(*arguments, module.current_stream(q), span)
+        kernel(*tensors, module.current_stream(q), span)
     return launch, scores, hist
 
 

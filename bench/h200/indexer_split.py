@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from cutlass.cute.runtime import from_dlpack  # noqa: E402
 from indexer_points import ROOT, check, load, scores_launch, time_graph  # noqa: E402
 
 from runners.harness.roofline import floor_ms, hardware_key  # noqa: E402
@@ -85,7 +84,7 @@ def main() -> None:
             out_idx = torch.empty(rows_m, topk, dtype=torch.int64, device="cuda")
             for threads in SELECT_THREADS:
                 select = module.compiled_select(rows_m, topk, threads, *module.select_bucket(context))
-                tensors = [from_dlpack(t, assumed_align=16) for t in (scores, hist, out_idx)]
+                tensors = (scores, hist, out_idx)
 
                 def launch(*_unused, select=select, tensors=tensors):
                     select(*tensors, module.current_stream(q))

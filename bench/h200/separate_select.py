@@ -28,7 +28,6 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import from_dlpack
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "runners").is_dir())
 
@@ -49,7 +48,7 @@ def _load_select_module():
 
 _cute_select = _load_select_module()
 sys.path.insert(0, str(ROOT))
-from runners.kernel_lib.indexer_scores import ALIGN, current_stream, fake_tensor  # noqa: E402
+from runners.kernel_lib.indexer_scores import Program, current_stream, fake_tensor  # noqa: E402
 from runners.kernel_lib.indexer_select import BINS as _BINS, radix_key, write_hist  # noqa: E402
 _COUNT_THREADS = 256
 SELECT_THREADS = 1024
@@ -108,11 +107,11 @@ def splits_for(rows: int, context: int, sms: int) -> tuple[int, int]:
 @functools.cache
 def compiled_count(rows: int, context: int, splits: int, per_cta: int):
     fake = fake_tensor
-    return cute.compile(
-        _launch_count,
+    arguments = (
         fake(cutlass.Float32, (rows, context)), fake(cutlass.Int32, (rows,)),
         fake(cutlass.Int32, (splits, rows, _BINS)), cuda.CUstream(0), per_cta,
     )
+    return Program(cute.compile(_launch_count, *arguments), arguments)
 
 
 def compile_for(rows: int, context: int, topk: int) -> None:
@@ -134,13 +133,9 @@ def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) ->
     hist = torch.empty(splits, rows, _BINS, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=logits.device)
     stream = current_stream(logits)
-    align = ALIGN
-    scores_arg = from_dlpack(logits, assumed_align=align)
-    hist_arg = from_dlpack(hist, assumed_align=align)
-    compiled_count(rows, context, splits, per_cta)(
-        scores_arg, from_dlpack(lengths, assumed_align=align), hist_arg, stream)
+    compiled_count(rows, context, splits, per_cta)(logits, lengths, hist, stream)
     _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))(
-        scores_arg, hist_arg, from_dlpack(out, assumed_align=align), stream)
+        logits, hist, out, stream)
     if pad:
         out.masked_fill_(out >= lengths.unsqueeze(1), -1)
     return out

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
+import importlib.util
 import sys
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -478,17 +480,65 @@ def _requester(frame: FrameType | None) -> str | None:
 
     A frame belongs to a module only if it runs in that module's namespace: code exec'd
     under a borrowed `__name__` belongs to nobody, so it can pass for neither torch nor
-    the DSL.
+    the DSL. And a frame passes for torch's or a DSL's only if its code is that package's
+    own, compiled from the module's file where the package is installed: a candidate's
+    function rebuilt around a torch or Triton module's globals
+    (`types.FunctionType(code, vars(triton.language))`), a hook say, is in the right
+    namespace but runs code no such file holds, so it too belongs to nobody.
     """
     while frame is not None:
         name = frame.f_globals.get("__name__")
         module = sys.modules.get(name) if isinstance(name, str) else None
         if module is None or vars(module) is not frame.f_globals:
             return None
+        trusted = _within(name, "torch") or any(_within(name, package) for package in _DSL_PACKAGES.values())
+        if trusted and not _genuine(frame.f_code, name):
+            return None
         if not _within(name, "torch"):
             return name
         frame = frame.f_back
     return None
+
+
+def _package_roots(package: str) -> tuple[Path, ...]:
+    spec = importlib.util.find_spec(package)
+    return tuple(Path(location) for location in (spec.submodule_search_locations or ())) if spec else ()
+
+
+# Where torch and the DSLs are installed, read when the harness is imported: before any
+# candidate runs, so no candidate can point these elsewhere.
+_PACKAGE_ROOTS = {package: _package_roots(package) for package in ("torch", *_DSL_PACKAGES.values())}
+_GENUINE: dict[int, tuple[CodeType, bool]] = {}
+
+
+def _genuine(code: CodeType, module: str) -> bool:
+    """Whether `code` is code of the installed file of `module` (a torch or DSL module):
+    equal to a code object compiled from that file. Equal code objects have the same
+    instructions, constants and names, so one that is equal does what the file does."""
+    known = _GENUINE.get(id(code))
+    if known is None or known[0] is not code:
+        known = _GENUINE[id(code)] = (code, code in _codes_of(module))
+    return known[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _codes_of(module: str) -> frozenset[CodeType]:
+    package, *parts = module.split(".")
+    files = [candidate for root in _PACKAGE_ROOTS.get(package, ())
+             for candidate in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py"))
+             if candidate.is_file()]
+    if not files:
+        return frozenset()
+    try:
+        pending = [compile(files[0].read_bytes(), str(files[0]), "exec", dont_inherit=True)]
+    except (SyntaxError, ValueError):
+        return frozenset()
+    codes = set()
+    while pending:
+        code = pending.pop()
+        codes.add(code)
+        pending.extend(constant for constant in code.co_consts if isinstance(constant, CodeType))
+    return frozenset(codes)
 
 
 def _within(module: str | None, package: str) -> bool:

@@ -6,6 +6,10 @@ and the host's tensor descriptions and stream.
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
 import cuda.bindings.driver as cuda
 import torch
 
@@ -84,6 +88,57 @@ def fake_tensor(dtype, shape: tuple):
     return make_fake_compact_tensor(
         dtype, shape, stride_order=tuple(reversed(range(len(shape)))), assumed_align=ALIGN
     )
+
+
+class _RuntimeTensor:
+    """A torch tensor as the argument of a program compiled for a fake tensor whose
+    extents are partly runtime values (cute.sym_int): the memref descriptor the program
+    reads, that is the data pointer, then each runtime extent (int32), then each
+    runtime stride (int64), in mode order.
+
+    `from_dlpack` cannot make it: its tensors are static unless marked, and its marks
+    never make a stride a runtime value. Handed a static tensor, such a program read
+    extents from past the end of the descriptor (a grid of 0 CTAs, which CUDA refused
+    as an invalid launch)."""
+
+    def __init__(self, t: torch.Tensor, fake: Any) -> None:
+        shapes, strides = fake.dynamic_shapes_mask, fake.dynamic_strides_mask
+        if t.dim() != len(shapes) or any(not dynamic and t.shape[mode] != extent
+                                         for mode, (dynamic, extent) in enumerate(zip(shapes, fake.shape))):
+            raise ValueError(f"a tensor of shape {tuple(t.shape)} for a program compiled for {fake.shape}")
+        if t.data_ptr() % ALIGN:
+            raise ValueError(f"the program assumes {ALIGN}-byte aligned tensors; this one starts at {t.data_ptr():#x}")
+        extents = [t.shape[mode] for mode, dynamic in enumerate(shapes) if dynamic]
+        steps = [t.stride(mode) for mode, dynamic in enumerate(strides) if dynamic]
+        fields = ([("data", ctypes.c_void_p)] + [(f"extent{i}", ctypes.c_int32) for i in range(len(extents))]
+                  + [(f"stride{i}", ctypes.c_int64) for i in range(len(steps))])
+        descriptor = type("Descriptor", (ctypes.Structure,), {"_fields_": fields})
+        self.tensor = t  # the memory stays alive while the call runs
+        self.descriptor = descriptor(t.data_ptr(), *extents, *steps)
+
+    def __c_pointers__(self) -> list[int]:
+        return [ctypes.addressof(self.descriptor)]
+
+
+class Program:
+    """A compiled CuTe program called with torch tensors: each tensor argument is passed
+    as the fake tensor it was compiled for describes it (its runtime extents and
+    strides), the other arguments as they are. Everything else is the compiled
+    program's (its PTX, say). Its compile-time arguments (cutlass.Constexpr) come last
+    and are not passed again."""
+
+    def __init__(self, compiled: Any, arguments: Sequence[Any]) -> None:
+        self.compiled = compiled
+        # A fake tensor (make_fake_compact_tensor's) is the argument that says which of its
+        # extents and strides are runtime values.
+        self.fakes = [argument if hasattr(argument, "dynamic_shapes_mask") else None for argument in arguments]
+
+    def __call__(self, *arguments: Any) -> Any:
+        return self.compiled(*(_RuntimeTensor(argument, fake) if fake is not None else argument
+                               for argument, fake in zip(arguments, self.fakes)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.compiled, name)
 
 
 def current_stream(t: torch.Tensor) -> cuda.CUstream:

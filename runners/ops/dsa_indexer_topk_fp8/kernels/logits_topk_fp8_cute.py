@@ -65,14 +65,13 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from runners.kernel_lib.indexer_scores import (
-    ALIGN, HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
-    fake_tensor, head_sums,
+    HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
+    Program, fake_tensor, head_sums,
 )
 from runners.kernel_lib.indexer_select import (
     BINS, BITMAP_TOKENS, MAX_TOPK, launch_select, record, select_bucket, write_hist,
@@ -646,14 +645,14 @@ def compiled_scores_mma(
         raise ValueError(f"REDUCE is one of {REDUCTIONS}; got {reduce!r}")
     halves = 2 if turns > 1 else 1
     fp8 = cutlass.Float8E4M3FN
-    return cute.compile(
-        _launch_scores_mma,
+    arguments = (
         fake_tensor(fp8, (rows_m * heads, dim)), fake_tensor(fp8, (_length(), dim)),
         fake_tensor(cutlass.Float32, (_length(),)), fake_tensor(_WEIGHT_DTYPES[weight_dtype], (rows_m, heads)),
         fake_tensor(cutlass.Float32, (rows_m, _length())), fake_tensor(cutlass.Int32, (_length(), rows_m, BINS)),
         cuda.CUstream(0), 1, rows, stages * halves, turns,
         reduce_as_compiled(reduce, rows),
     )
+    return Program(cute.compile(_launch_scores_mma, *arguments), arguments)
 
 
 @functools.cache
@@ -665,12 +664,12 @@ def compiled_select(rows_m: int, topk: int, threads: int, vec: int = 4, by_bitma
     # A 16-byte vector of a row starts 16-byte aligned only if the row length is a
     # multiple of four: promised to the compiler, which then emits the wide loads.
     context = cute.sym_int32(divisibility=vec)
-    return cute.compile(
-        launch_select,
+    arguments = (
         fake_tensor(cutlass.Float32, (rows_m, context)), fake_tensor(cutlass.Int32, (_length(), rows_m, BINS)),
         fake_tensor(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
         1 << (topk - 1).bit_length(), by_bitmap, vec,
     )
+    return Program(cute.compile(launch_select, *arguments), arguments)
 
 
 def forward(
@@ -698,9 +697,6 @@ def forward(
     kernel = compiled_scores_mma(rows_m, heads, dim, rows, PARAMS["STAGES"], weights.dtype,
                                  PARAMS["SCHEDULE"], PARAMS["REDUCE"])
     halves = 2 if _SCHEDULES[PARAMS["SCHEDULE"]] > 1 else 1
-    kernel(*(from_dlpack(t, assumed_align=ALIGN)
-             for t in (q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist)), stream, per_cta * halves)
-    compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(
-        *(from_dlpack(t, assumed_align=ALIGN) for t in (scores, hist, out)), stream
-    )
+    kernel(q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist, stream, per_cta * halves)
+    compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(scores, hist, out, stream)
     return out

@@ -57,14 +57,13 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from runners.kernel_lib.indexer_scores import (
-    ALIGN, HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
-    fake_tensor, head_sums,
+    HEAD_SUM_N, LOADER_REGISTERS, MMA_REGISTERS, MMA_THREADS, REDUCTIONS, aligned, current_stream,
+    Program, fake_tensor, head_sums,
 )
 from runners.kernel_lib.indexer_select import (
     BINS, BITMAP_TOKENS, MAX_TOPK, launch_paged_select, radix_key, record, write_hist,
@@ -557,14 +556,14 @@ def compiled_scores_mma(
     cache [blocks*64, D], weights, scores, hist, block_table, context_lens, stream."""
     turns = _check_params(heads, dim, next_n, schedule, reduce, span)
     element = _MMA_DTYPES[dtype]
-    return cute.compile(
-        _launch_scores_mma,
+    arguments = (
         fake_tensor(element, (_runtime(), dim)), fake_tensor(element, (_runtime(), dim)),
         fake_tensor(cutlass.Float32, (_runtime(), heads)), fake_tensor(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))),
         fake_tensor(cutlass.Int32, (_runtime(), _runtime(), BINS)), fake_tensor(cutlass.Int32, (_runtime(), _runtime())),
         fake_tensor(cutlass.Int32, (_runtime(),)), cuda.CUstream(0), span // _TOKENS, next_n, stages * 2, turns,
         reduce_as_compiled(reduce, next_n),
     )
+    return Program(cute.compile(_launch_scores_mma, *arguments), arguments)
 
 
 @functools.cache
@@ -574,12 +573,12 @@ def compiled_select(next_n: int, topk: int, span: int, threads: int, by_bitmap: 
     scores, hist, out, context_lens, stream."""
     if topk > MAX_TOPK:
         raise ValueError(f"logits_topk_paged_cute selects at most {MAX_TOPK} per row; got top-{topk}")
-    return cute.compile(
-        launch_paged_select,
+    arguments = (
         fake_tensor(cutlass.Float32, (_runtime(), _runtime(BLOCK_SIZE))), fake_tensor(cutlass.Int32, (_runtime(), _runtime(), BINS)),
         fake_tensor(cutlass.Int64, (_runtime(), topk)), fake_tensor(cutlass.Int32, (_runtime(),)), cuda.CUstream(0),
         next_n, span, threads, 1 << (topk - 1).bit_length(), by_bitmap,
     )
+    return Program(cute.compile(launch_paged_select, *arguments), arguments)
 
 
 def forward(
@@ -611,9 +610,7 @@ def forward(
     stream = current_stream(q)
     kernel = compiled_scores_mma(q.dtype, heads, dim, next_n, PARAMS["STAGES"], PARAMS["SCHEDULE"],
                                  PARAMS["REDUCE"], span)
-    kernel(*(from_dlpack(t, assumed_align=ALIGN) for t in (
-        q.view(rows * heads, dim), kv_cache.view(-1, dim), weights, scores, hist, block_table, context_lens)), stream)
+    kernel(q.view(rows * heads, dim), kv_cache.view(-1, dim), weights, scores, hist, block_table, context_lens, stream)
     compiled_select(next_n, topk, span, PARAMS["SELECT_THREADS"], width <= BITMAP_TOKENS)(
-        *(from_dlpack(t, assumed_align=ALIGN) for t in (scores, hist, out, context_lens)), stream
-    )
+        scores, hist, out, context_lens, stream)
     return out
