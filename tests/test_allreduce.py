@@ -16,16 +16,20 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from runners.harness.children import Limits, child_environment
+from runners.harness.children import CANDIDATE, Limits, child_environment
+from runners.harness.collective import RankGroup, RanksWatch, check_correctness, load
 from runners.harness.dispatch import SizedResult, dispatch_range
 from runners.harness.evaluate import UsageError, evaluate
 from runners.ops import WorkloadError, get_op
+from runners.space import grid_points, materialize, read_literals
 
 CANDIDATES = Path(__file__).parent / "candidates"
 OP = get_op("allreduce_sum")
@@ -91,29 +95,52 @@ def test_every_child_starts_with_multicast_off_whatever_the_judge_has(monkeypatc
 
 # -- outside the harness: two ranks in plain processes ------------------------------------
 
+@dataclass
+class Plain:
+    """What one rank of a plain run (no harness) saw of its forward call."""
+
+    output: torch.Tensor
+    on_the_given_group: int  # collectives, by the given group's own sequence number
+    on_any_group: int  # by the sequence numbers of every group c10d made, read by the test
+    counted: int  # what the harness's counter (rank_worker.CollectiveCounter) said
+    multicast: str | None  # NCCL_NVLS_ENABLE in the C environment after the call
+
+
+def _sequence_numbers() -> dict:
+    from torch.distributed import distributed_c10d
+
+    return {group: group._get_sequence_number_for_group() for group in distributed_c10d._world.pg_map}
+
+
 def _plain_rank(rank, store, shared, candidate, shares, answers):
     import torch.distributed as dist
 
-    from runners.harness.rank_worker import Comm, c_environment
+    from runners.harness.rank_worker import CollectiveCounter, Comm, c_environment
 
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
     spec = importlib.util.spec_from_file_location(f"plain_{rank}", candidate)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     group = dist.group.WORLD
-    before = group._get_sequence_number_for_group()
     comm = Comm(rank=rank, world_size=2, group=group, device=torch.device("cpu"),
                 shared_dir=shared)
-    output = module.forward(shares[rank].clone(), comm)
+    if hasattr(module, "setup"):
+        module.setup(comm)
+    counter = CollectiveCounter()
+    before = _sequence_numbers()
+    output, counted = counter.around(lambda: module.forward(shares[rank].clone(), comm))
+    after = _sequence_numbers()
     # As numpy: a tensor would travel as a shared-memory handle its exited sender revokes.
-    answers.put((rank, output.numpy().copy(), group._get_sequence_number_for_group() - before,
-                 c_environment().get("NCCL_NVLS_ENABLE")))
+    answers.put((rank, output.numpy().copy(), after[group] - before[group],
+                 sum(number - before.get(each, 0) for each, number in after.items()),
+                 counted["total"], c_environment().get("NCCL_NVLS_ENABLE")))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_outside(candidate: Path, shares: torch.Tensor, tmp_path: Path) -> dict[int, tuple]:
-    """Each rank's (output, collectives run, NCCL_NVLS_ENABLE after the call)."""
+def run_outside(candidate: Path, shares: torch.Tensor, tmp_path: Path) -> dict[int, Plain]:
+    """Two ranks in plain processes, each calling setup(comm) if the candidate has it,
+    then forward once on its share."""
     context = multiprocessing.get_context("spawn")
     answers = context.Queue()
     os.environ["NCCL_NVLS_ENABLE"] = "0"
@@ -125,8 +152,8 @@ def run_outside(candidate: Path, shares: torch.Tensor, tmp_path: Path) -> dict[i
             process.start()
         found = {}
         for _ in ranks:
-            rank, output, collectives, multicast = answers.get(timeout=120)
-            found[rank] = (torch.from_numpy(output), collectives, multicast)
+            rank, output, *seen = answers.get(timeout=120)
+            found[rank] = Plain(torch.from_numpy(output), *seen)
         for process in ranks:
             process.join(timeout=60)
             assert process.exitcode == 0
@@ -143,34 +170,53 @@ def shares():
 def test_outside_the_honest_kernel_sums_on_every_rank_without_a_collective(shares, tmp_path):
     found = run_outside(HONEST, shares, tmp_path)
     for rank in range(2):
-        output, collectives, _ = found[rank]
-        assert torch.allclose(output.double(), shares.double().sum(0), rtol=1e-6, atol=1e-6)
-        assert collectives == 0
+        assert _is_the_sum(found[rank].output, shares)
+        assert found[rank].on_any_group == 0 and found[rank].counted == 0
+
+
+def _is_the_sum(output: torch.Tensor, shares: torch.Tensor) -> bool:
+    return torch.allclose(output.double(), shares.double().sum(0), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["allreduce_calls_all_reduce", "allreduce_calls_the_group"])
 def test_outside_a_fallback_is_right_but_runs_the_collective_library(name, shares, tmp_path):
     found = run_outside(CANDIDATES / f"{name}.py", shares, tmp_path)
     for rank in range(2):
-        output, collectives, _ = found[rank]
-        assert torch.allclose(output.double(), shares.double().sum(0), rtol=1e-6, atol=1e-6)
-        assert collectives == 1
+        assert _is_the_sum(found[rank].output, shares)
+        assert found[rank].on_the_given_group == 1
+
+
+@pytest.mark.parametrize("name", ["allreduce_hides_its_own_group",
+                                  "allreduce_makes_a_group_when_called"])
+def test_outside_a_group_of_its_own_hides_the_fallback_from_the_given_group(name, shares, tmp_path):
+    found = run_outside(CANDIDATES / f"{name}.py", shares, tmp_path)
+    for rank in range(2):
+        assert _is_the_sum(found[rank].output, shares)
+        assert found[rank].on_the_given_group == 0  # the group it was given ran nothing
+        assert found[rank].on_any_group == 1  # its own group ran the library's all-reduce
+
+
+def test_outside_a_rank_rewrites_what_the_harness_counter_says(shares, tmp_path):
+    found = run_outside(CANDIDATES / "allreduce_rewrites_its_report.py", shares, tmp_path)
+    for rank in range(2):
+        assert _is_the_sum(found[rank].output, shares)
+        assert found[rank].on_the_given_group == 1  # all_reduce ran, by the group's own count
+        assert found[rank].counted == 0  # and the worker's counter says nothing did
 
 
 def test_outside_rank0_only_is_right_on_rank_0_and_wrong_on_rank_1(shares, tmp_path):
     found = run_outside(CANDIDATES / "allreduce_rank0_only.py", shares, tmp_path)
     expected = shares.double().sum(0)
-    assert torch.allclose(found[0][0].double(), expected, rtol=1e-6, atol=1e-6)
-    assert not torch.allclose(found[1][0].double(), expected, rtol=1e-2, atol=1e-2)
+    assert torch.allclose(found[0].output.double(), expected, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(found[1].output.double(), expected, rtol=1e-2, atol=1e-2)
 
 
 def test_outside_the_multicast_attack_is_right_but_turns_multicast_on(shares, tmp_path):
     found = run_outside(CANDIDATES / "allreduce_turns_on_multicast.py", shares, tmp_path)
     for rank in range(2):
-        output, collectives, multicast = found[rank]
-        assert torch.allclose(output.double(), shares.double().sum(0), rtol=1e-6, atol=1e-6)
-        assert collectives == 0
-        assert multicast == "1"  # NCCL would now read it on, though os.environ says "0"
+        assert _is_the_sum(found[rank].output, shares)
+        assert found[rank].on_any_group == 0
+        assert found[rank].multicast == "1"  # NCCL would now read it on, though os.environ says "0"
 
 
 # -- inside the harness -------------------------------------------------------------------
@@ -189,7 +235,9 @@ def test_the_honest_kernel_is_correct_on_every_rank_and_every_guard_passes():
     assert result.correct and result.verdict in ("win", "no-gain")
     assert all(guard.status == "pass" for guard in result.guards), result.guards
     assert "16 outputs over 4 workloads" in _guard(result, "correctness").detail
-    assert "no collective of any process group" in _guard(result, "moves-data").detail
+    moves_data = _guard(result, "moves-data").detail
+    assert "no data crossed the jail's network" in moves_data
+    assert "no rank counted a collective of any process group" in moves_data
     assert [w.name for w in result.workloads] == [w.name for w in OP.workloads("cpu", [4096, 1 << 20])]
     for workload in result.workloads:
         assert workload.samples >= 20 and workload.baseline_ms > 0 and workload.candidate_ms > 0
@@ -208,14 +256,38 @@ def test_the_baseline_against_itself_is_correct_and_passes_every_guard():
 @pytest.mark.parametrize("name, via", [
     ("allreduce_calls_all_reduce", "all_reduce ×1"),
     ("allreduce_calls_the_group", "on the process group directly"),
+    ("allreduce_hides_its_own_group", "on the process group directly"),
 ])
 def test_inside_a_fallback_to_the_collective_library_is_rejected(name, via):
     result = _evaluate(str(CANDIDATES / f"{name}.py"))
     assert result.verdict == "rejected" and result.correct
     guard = _guard(result, "moves-data")
     assert guard.status == "fail" and via in guard.detail
+    # Seen from outside the ranks: the data went through the jail's network.
+    assert "data segment(s) sent while checking bytes=4096,dtype=float32" in guard.detail
     assert "rank 0" in guard.detail and "rank 1" in guard.detail
     assert not result.workloads[0].baseline_ms  # never timed
+
+
+def test_inside_a_rewritten_report_does_not_hide_the_data_the_fallback_sent():
+    result = _evaluate(str(CANDIDATES / "allreduce_rewrites_its_report.py"))
+    assert result.verdict == "rejected" and result.correct
+    guard = _guard(result, "moves-data")
+    assert guard.status == "fail"
+    assert "data segment(s) sent while checking" in guard.detail
+    # The ranks' own count was rewritten to nothing: the judge did not need it.
+    assert "counted torch.distributed collectives" not in guard.detail, guard.detail
+    assert not result.workloads[0].baseline_ms
+
+
+def test_inside_a_group_made_after_setup_cannot_connect():
+    result = _evaluate(str(CANDIDATES / "allreduce_makes_a_group_when_called.py"))
+    assert result.verdict == "rejected" and not result.correct
+    jail = _guard(result, "jail")
+    assert jail.status == "fail"
+    assert "once the group was set up: no new network socket" in jail.detail, jail.detail
+    assert _guard(result, "correctness").status == "fail"  # its forward could not run
+    assert not result.workloads[0].baseline_ms
 
 
 def test_inside_a_sum_on_rank_0_only_fails_correctness_on_rank_1():
@@ -261,7 +333,8 @@ def test_the_multi_rank_path_refuses_what_it_does_not_run_yet():
 
 class Helper:
     """A server on the host's loopback that sums what every rank sends it: the outside
-    help allreduce_reaches_network.py asks for."""
+    help allreduce_reaches_network.py asks for. Each rank keeps one connection (made in
+    its setup); each call, every rank sends its share and gets the total back."""
 
     def __init__(self, port: int, world_size: int = 2) -> None:
         self.listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
@@ -272,29 +345,39 @@ class Helper:
         self.thread.start()
 
     def _serve(self) -> None:
-        links, shares = [], []
-        while not self.stopping:
+        links = []
+        while not self.stopping and len(links) < self.world_size:
             try:
                 link, _ = self.listener.accept()
             except TimeoutError:
                 continue
             self.connections += 1
-            link.settimeout(30)
-            size = struct.unpack("<Q", self._read(link, 8))[0]
+            link.settimeout(0.2)
             links.append(link)
-            shares.append(np.frombuffer(self._read(link, size), dtype=np.float32))
-            if len(links) == self.world_size:
-                total = np.sum(shares, axis=0, dtype=np.float32).tobytes()
-                for each in links:
-                    each.sendall(total)
-                    each.close()
-                links, shares = [], []
+        while not self.stopping:
+            shares = []
+            for link in links:
+                header = self._read(link, 8)
+                share = header and self._read(link, struct.unpack("<Q", header)[0])
+                if not share:
+                    return  # a rank hung up, or the helper is stopping
+                shares.append(np.frombuffer(share, dtype=np.float32))
+            total = np.sum(shares, axis=0, dtype=np.float32).tobytes()
+            for link in links:
+                link.sendall(total)
 
-    @staticmethod
-    def _read(link: socket.socket, size: int) -> bytes:
+    def _read(self, link: socket.socket, size: int) -> bytes | None:
         data = b""
         while len(data) < size:
-            data += link.recv(size - len(data))
+            try:
+                chunk = link.recv(size - len(data))
+            except TimeoutError:
+                if self.stopping:
+                    return None
+                continue
+            if not chunk:
+                return None
+            data += chunk
         return data
 
     def close(self) -> None:
@@ -321,9 +404,8 @@ def test_outside_a_rank_has_a_helper_on_the_host_do_the_sum(shares, tmp_path):
         helper.close()
     assert helper.connections == 2
     for rank in range(2):
-        output, collectives, _ = found[rank]
-        assert torch.allclose(output.double(), shares.double().sum(0), rtol=1e-6, atol=1e-6)
-        assert collectives == 0  # no data moved between the ranks
+        assert _is_the_sum(found[rank].output, shares)
+        assert found[rank].on_any_group == 0  # no data moved between the ranks
 
 
 def test_inside_the_jail_a_rank_reaches_nothing_outside_its_own_loopback():
@@ -334,7 +416,7 @@ def test_inside_the_jail_a_rank_reaches_nothing_outside_its_own_loopback():
         helper.close()
     assert helper.connections == 0  # the host's loopback is not the jail's
     assert result.verdict == "rejected" and not result.correct
-    guard = _guard(result, "correctness")
+    guard = _guard(result, "loads")  # its setup(comm) could not connect
     assert guard.status == "fail" and "ConnectionRefusedError" in guard.detail, guard.detail
 
 
@@ -425,7 +507,6 @@ def _plain_rank_caching(rank, store, shared, candidate, shares, answers):
     spec.loader.exec_module(module)
     comm = Comm(rank=rank, world_size=2, group=dist.group.WORLD, device=torch.device("cpu"),
                 shared_dir=shared)
-    module.setup(comm)
     x = shares[rank].clone()
     first = module.forward(x, comm).numpy().copy()
     x.mul_(2)  # every rank's share changes in place: the sum is now twice the first
@@ -466,3 +547,90 @@ def test_inside_the_caching_kernel_is_checked_right_and_then_caught_timed():
     guard = _guard(result, "timed-outputs")
     assert guard.status == "fail" and "timed round" in guard.detail, guard.detail
     assert "rank 0" in guard.detail and "values differ" in guard.detail, guard.detail
+
+
+# -- every point of the shipped kernels' spaces, across two ranks on the CPU path ---------
+
+# Messages of one partial chunk and of several chunks with a partial last one, for every
+# chunk size of the shipped space: 4 KB, and 2 MB + 4 KB (525,312 float32 elements,
+# 1,050,624 bfloat16, past the largest chunk of 1,048,576).
+SPACE_SIZES = [4096, 2 * 2**20 + 4096]
+
+
+def _space_points():
+    for kernel, path in OP.kernels().items():
+        for point in grid_points(read_literals(path.read_text())[1]):
+            label = ",".join(f"{key}={value}" for key, value in point.items())
+            yield pytest.param(path, point, id=f"{kernel}-{label}")
+
+
+@pytest.mark.parametrize(("path", "point"), list(_space_points()))
+def test_every_point_of_every_shipped_space_is_correct_on_every_rank(path, point, tmp_path):
+    candidate = tmp_path / path.name
+    candidate.write_text(materialize(path.read_text(), point))
+    # The judge's own rank group and check, as an evaluation runs them (no timing).
+    group = RankGroup(role=CANDIDATE, op=OP, path=candidate, device="cpu", threads=1,
+                      limits=LIMITS, deadline=time.monotonic() + LIMITS.total_s)
+    watch = RanksWatch()
+    try:
+        load(group, watch)
+        guards = check_correctness(OP, group, OP.workloads("cpu", SPACE_SIZES),
+                                   secret_seed=2024, watch=watch)
+    finally:
+        group.close()
+    assert [(guard.name, guard.status) for guard in guards] == [
+        ("correctness", "pass"), ("inputs-unchanged", "pass")], guards
+    assert "16 outputs over 4 workloads" in guards[0].detail
+    assert watch.moved_data_itself and not watch.network_unread
+    assert not group.refused, group.refused
+
+
+# -- the static stage: the same checks, once, as for one process ---------------------------
+
+def _lib_with(tmp_path: Path, name: str, source: str) -> Path:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / name).write_text(source)
+    return lib
+
+
+@pytest.mark.parametrize(("lib_source", "guard", "fragment"), [
+    # A shared file that loosens the op's tolerance: named with its path.
+    ("from runners.ops import get_op\nget_op('allreduce_sum').tolerances = {}\n"
+     "def forward(x, comm):\n    return x\n",
+     "protected-settings", "runners/kernel_lib/sums.py: the candidate changes"),
+    # A shared file that imports by a name built at run time, which no judge can read.
+    ("import importlib\nforward = importlib.import_module('runners.kernel_lib.' + 'x').forward\n",
+     "imports", "runners/kernel_lib/sums.py line 2: importlib.import_module() with a name computed"),
+], ids=["loosens-the-tolerance", "imports-by-a-computed-name"])
+def test_shared_code_a_collective_candidate_imports_is_checked_before_any_rank(
+        tmp_path, lib_source, guard, fragment):
+    lib = _lib_with(tmp_path, "sums.py", lib_source)
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text("from runners.kernel_lib.sums import forward  # noqa: F401\n")
+    result = _evaluate(str(candidate), lib=str(lib))
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    found = _guard(result, guard)
+    assert found.status == "fail" and fragment in found.detail, found.detail
+    if guard == "protected-settings":
+        assert "changes a tolerance" in found.detail
+    assert not any(workload.baseline_ms for workload in result.workloads)  # no rank ran
+
+
+def test_a_declared_encoding_other_than_utf8_stops_a_collective_candidate_statically(tmp_path):
+    candidate = tmp_path / "latin.py"
+    candidate.write_bytes(b"# -*- coding: latin-1 -*-\n" + HONEST.read_bytes())
+    result = _evaluate(str(candidate))
+    assert result.verdict == "rejected" and result.stopped_at == "static"
+    assert "encoding" in _guard(result, "protected-settings").detail
+
+
+def test_the_ranks_run_the_shared_code_the_judge_read_and_hashed(tmp_path):
+    lib = _lib_with(tmp_path, "one_shot.py", HONEST.read_text())
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text("from runners.kernel_lib.one_shot import forward  # noqa: F401\n")
+    result = _evaluate(str(candidate), lib=str(lib))
+    assert result.correct and result.verdict != "rejected", result.guards
+    assert [file["path"] for file in result.lib_files] == ["one_shot.py"]
+    assert "one_shot.py" in _guard(result, "imports").detail
+    assert _guard(result, "moves-data").status == "pass"

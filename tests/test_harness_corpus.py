@@ -152,8 +152,11 @@ def test_every_candidate_the_static_checks_reject_is_stopped_before_any_process(
 COLLECTIVE = {
     "allreduce_calls_all_reduce.py": "moves-data", "allreduce_calls_the_group.py": "moves-data",
     "allreduce_rank0_only.py": "correctness", "allreduce_turns_on_multicast.py": "config",
-    "allreduce_rank_hangs.py": "process", "allreduce_reaches_network.py": "correctness",
+    "allreduce_rank_hangs.py": "process", "allreduce_reaches_network.py": "loads",
     "allreduce_rewrites_the_baseline.py": "jail",
+    "allreduce_hides_its_own_group.py": "moves-data",
+    "allreduce_makes_a_group_when_called.py": "jail",
+    "allreduce_rewrites_its_report.py": "moves-data",
     "allreduce_slows_its_clock.py": "protected-settings",
     "allreduce_caches_its_result.py": "timed-outputs",
 }

@@ -23,8 +23,7 @@ SMALL = {
 
 
 # Ops checked here run in one process. A collective op's kernels need their ranks:
-# tests/test_allreduce.py checks the shipped one at its PARAMS across two ranks (its
-# other SPACE points are not checked there yet).
+# tests/test_allreduce.py checks every point of their SPACE across two ranks.
 SINGLE_PROCESS_OPS = [name for name in list_ops() if get_op(name).world_size == 1]
 
 

@@ -11,20 +11,29 @@ alternating rounds on its own clock, a round ending when the last rank has repli
 collective is done when its slowest rank is.
 
 Guards beyond correctness:
-- moves-data: the candidate's forward runs no collective of any process group (counted
-  by the groups' own sequence numbers, so a call however made shows): an all-reduce
-  that calls torch.distributed.all_reduce, or gathers through it to sum on the host, is
-  the baseline with extra steps;
+- moves-data: no data crosses the jail's network once the group is set up (the
+  namespace's own counters of data sent, read from outside by the judge, observe.
+  network_data_sent), and no rank counts a collective of any process group in its
+  forward: an all-reduce that falls back to torch.distributed's (on the group it was
+  given, on one it made itself, or through a group object) sends its data through the
+  process group's sockets, and is the baseline with extra steps. Once every rank has
+  loaded the candidate (its setup(comm) may exchange handles over the group) the judge
+  has the supervisor refuse every new network socket: a process group made later
+  cannot connect (`jail`);
 - config: the environment (the C library's, which NCCL reads: NCCL_*, the multicast
   switches) is as it was before the candidate was imported, on every rank;
-- protected-settings: no line of the source changes what the harness holds fixed;
+- protected-settings: no line of the source, or of the shared code it imports, changes
+  what the harness holds fixed (found by the static stage, which ran once before);
 - sandbox: nothing the audit hook refused;
 - jail: nothing the jail's supervisor refused once the candidate was imported (a write
   outside the group's folder, a program, a new namespace...).
 
 The ranks' own words (the collectives counted, the environment) come from processes
-that run candidate code, as the single-process worker's in-process watchers do; the
-timing and the outputs' check do not depend on them.
+that run candidate code, as the single-process worker's in-process watchers do, and a
+candidate can rewrite them (allreduce_rewrites_its_report.py): they are evidence
+against it, never for it. What decides comes from outside the ranks: the judge's
+clock, its check of every output, the jail's network counters and the supervisor's
+refusals, on the judge's own pipes.
 
 Not yet here (CPU part only): stopping the jail between requests (the single-process
 path's observe.Outside), CUDA-graph capture of the candidate, and the end-to-end
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -49,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from runners.harness import protected, wire
+from runners.harness import imports, wire
 from runners.harness.candidate import shorten
 from runners.harness.children import (
     BASELINE,
@@ -61,20 +71,25 @@ from runners.harness.children import (
     jail_messages,
 )
 from runners.jail.plan import make_plan
+from runners.jail.supervisor import CLOSE_NETWORK
 from runners.harness.correctness import TIMED_OUTPUTS
 from runners.harness.dispatch import SizedResult, dispatch_range
 from runners.harness.measure import REVALIDATE_RATE
+from runners.harness.observe import network_data_sent
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import MIN_NOISE_FLOOR, compare
 from runners.ops import DISTRIBUTIONS, Op, Workload
 
 SIZE_AXIS = "message_bytes"
-# Calls per timed request, per rank: each one lined up behind a barrier of its own.
+# Timed calls per round, each a request of its own to every rank (the line-up), each on
+# an input of its own.
 SAMPLES_PER_ROUND = 5
 # A sample per round: enough of them for the bootstrap even on a short budget.
 MIN_ROUNDS, MAX_ROUNDS = 20, 200
 STARTUP_S = 120.0  # the trusted part of the start: the interpreter, torch, the process group
+# How long the supervisor may take to say it closed the network (it answers at once).
+CLOSE_NETWORK_S = 10.0
 
 
 class RankGroup:
@@ -86,10 +101,11 @@ class RankGroup:
     network namespace with nothing in it but its loopback, where the ranks' process
     group meets. The other side's group, the judge and the host are out of its sight.
     Each rank has its own pipe pair to the judge; what the jail refused comes on a
-    third pipe, from the supervisor, which no rank holds."""
+    third pipe, from the supervisor, which no rank holds. `lib`: the folder of shared
+    kernel code the judge read and serves it (runners.harness.imports)."""
 
     def __init__(self, *, role: str, op: Op, path: Path, device: str, threads: int,
-                 limits: Limits, deadline: float) -> None:
+                 limits: Limits, deadline: float, lib: Path | None = None) -> None:
         self.role = role
         self.label = "candidate" if role == CANDIDATE else "baseline"
         self.limits, self.deadline = limits, deadline
@@ -102,6 +118,12 @@ class RankGroup:
         self.startup_refused: list[str] = []
         self.jail_error: str | None = None
         self._report_buffer = b""
+        # The jail's first process, as the judge's /proc names it (the supervisor says),
+        # whose network namespace every rank shares; the supervisor's word that it
+        # refuses new sockets; and the jail's count of data sent at the last reading.
+        self.worker_pid: int | None = None
+        self.network_closed = False
+        self._data_sent: int | None = None
         theirs: list[int] = []
         for _ in range(self.world_size):
             requests_read, requests_write = os.pipe()
@@ -118,7 +140,8 @@ class RankGroup:
             scratch=self.folder, root=self._root,
             argv=[sys.executable, "-s", "-m", "runners.jail.group", "runners.harness.rank_worker",
                   *map(str, theirs)],
-            files=[path], dsl="torch", device=device, environment=env, cpus=None,
+            files=[path, *([lib] if lib is not None else [])], dsl="torch", device=device,
+            environment=env, cpus=None,
             cpu_seconds=cpu_seconds, file_bytes=limits.file_bytes, ranks=self.world_size)
         self._log = open(self.folder / "ranks.log", "wb")
         try:
@@ -137,7 +160,7 @@ class RankGroup:
                 "candidate": str(path), "threads": threads,
                 "store": str(self.folder / "store"), "shared_dir": str(self.folder),
                 "memory_bytes": limits.memory_bytes, "file_bytes": limits.file_bytes,
-                "cpu_seconds": cpu_seconds,
+                "cpu_seconds": cpu_seconds, "lib": str(lib) if lib is not None else None,
             })
 
     def load(self) -> list[dict[str, Any]]:
@@ -155,7 +178,36 @@ class RankGroup:
             if not header.get("ok"):
                 raise CallFailed("load", f"rank {rank}: {shorten(str(header.get('error')))}",
                                  self.role)
+        self._close_network()
+        self.traffic()  # what the start and setup(comm) sent is theirs to send
         return headers
+
+    def _close_network(self) -> None:
+        """Has the supervisor refuse every new network socket from now on, and waits for
+        its word: the group's connections are made, and a group made later, which would
+        need new ones, cannot connect."""
+        try:
+            os.kill(self.process.pid, CLOSE_NETWORK)
+        except ProcessLookupError:
+            raise self._failed("process", f"the {self.label}'s jail was gone before its "
+                                          "first call") from None
+        until = time.monotonic() + CLOSE_NETWORK_S
+        while not self.network_closed and time.monotonic() < until:
+            select.select([self._report], [], [], 0.05)
+            self.read_jail_report()
+        if not self.network_closed:
+            raise self._failed("jail", f"the {self.label}'s jail did not close its network "
+                                       f"within {CLOSE_NETWORK_S:g} s of the judge's word")
+
+    def traffic(self) -> int | None:
+        """Data segments and datagrams the group's jail has sent through its sockets since
+        the last reading, read from outside it; None where they cannot be read."""
+        now = network_data_sent(self.worker_pid) if self.worker_pid is not None else None
+        if now is None:
+            return None
+        sent = 0 if self._data_sent is None else now - self._data_sent
+        self._data_sent = now
+        return sent
 
     def prepare(self, slot: int, shares: torch.Tensor) -> None:
         """Rank r is given row r of `shares`, and nothing of its peers'."""
@@ -222,6 +274,10 @@ class RankGroup:
         """Takes in what the jail's supervisor has said since the last reading."""
         messages, self._report_buffer = jail_messages(self._report, self._report_buffer)
         for said in messages:
+            if isinstance(said.get("pid"), int) and self.worker_pid is None:
+                self.worker_pid = said["pid"]
+            if said.get("network") == "closed":
+                self.network_closed = True
             if isinstance(said.get("refused"), str):
                 self.refused.append(shorten(said["refused"]))
             if isinstance(said.get("jail_error"), str):
@@ -259,19 +315,26 @@ class RankGroup:
 
 def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
              result: EvaluationResult, *, budget_s: float, limits: Limits, deadline: float,
-             say: Callable[[str], None]) -> EvaluationResult:
-    """Fills `result` (made by runners.harness.evaluate.evaluate) for a collective op."""
-    source = path.read_text(encoding="utf-8", errors="replace")
-    settings = protected.check(source, baseline_path.read_text(encoding="utf-8", errors="replace"))
+             say: Callable[[str], None], settings: tuple[str, str] | None,
+             shared: imports.Served | None) -> EvaluationResult:
+    """Fills `result` (made by runners.harness.evaluate.evaluate, whose static stage ran
+    once for both paths) for a collective op. `settings`: that stage's protected-settings
+    finding (None: nothing to say); `shared`: the shared code it read, served to each
+    side's ranks."""
     say(f"{op.name} on {result.device}: {len(workloads)} workloads across {op.world_size} ranks")
     groups: dict[str, RankGroup] = {}
     # The baseline timed against itself (an A/A run) is the collective library's path.
-    watch = _Watch(judged=path != baseline_path)
+    watch = RanksWatch(judged=path != baseline_path)
+    libs = {BASELINE: shared.kept_folder if shared else None,
+            CANDIDATE: shared.candidate_folder if shared else None}
     try:
         for role, file in ((BASELINE, baseline_path), (CANDIDATE, path)):
             groups[role] = RankGroup(role=role, op=op, path=file, device=result.device,
-                                     threads=result.threads or 1, limits=limits, deadline=deadline)
+                                     threads=result.threads or 1, limits=limits, deadline=deadline,
+                                     lib=libs[role])
         _judge(op, groups, workloads, result, watch, budget_s=budget_s, say=say)
+        # Whatever the candidate's ranks sent once its last call had returned.
+        watch.traffic(groups[CANDIDATE].traffic(), "after its last call")
     except ChildFailure as failure:
         blamed = "the baseline" if failure.role == BASELINE else "the candidate"
         result.guards.append(Guard(failure.guard, "fail", failure.detail))
@@ -302,17 +365,32 @@ def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
     return result
 
 
-class _Watch:
-    """What the candidate's ranks were seen doing over the whole run."""
+class RanksWatch:
+    """What the candidate's ranks were seen doing over the whole run: from outside (the
+    data its jail sent, read by the judge) and in their own words (the collectives each
+    rank counted, the environment)."""
 
     def __init__(self, judged: bool = True) -> None:
         self.judged = judged  # False for the baseline itself: its collectives are the point
         self.collectives: list[str] = []
+        self.network: list[str] = []  # data the jail sent once set up, read from outside
+        self.network_unread = False
         self.environment: dict[str, str] = {}
         self.refused: list[str] = []
         self.jail_refused: list[str] = []  # what the supervisor refused the candidate's ranks
         self.calls = 0
         self.loaded = False
+
+    @property
+    def moved_data_itself(self) -> bool:
+        return not (self.collectives or self.network)
+
+    def traffic(self, sent: int | None, during: str) -> None:
+        """A reading of the jail's network counters (RankGroup.traffic)."""
+        if sent is None:
+            self.network_unread = True
+        elif sent and self.judged:
+            self.network.append(f"{sent} data segment(s) sent while {during}")
 
     def note(self, rank: int, header: dict[str, Any], during: str) -> None:
         counted = header.get("collectives") or {}
@@ -331,17 +409,31 @@ class _Watch:
         if not self.loaded:
             return []
         found = []
-        if self.collectives:
+        if not self.moved_data_itself:
+            seen = []
+            if self.network:
+                seen.append("its ranks sent data over the jail's network, where only a "
+                            "process group's connections are (the jail's own counters, "
+                            "read from outside): " + "; ".join(self.network[:2]))
+            if self.collectives:
+                seen.append("its ranks counted torch.distributed collectives: "
+                            + "; ".join(self.collectives[:2]))
             found.append(Guard("moves-data", "fail", "the candidate did not move the data "
-                               "itself: its forward ran torch.distributed collectives, the "
-                               "baseline's own path: " + "; ".join(self.collectives[:2])))
+                               "itself: its forward took the collective library's path, the "
+                               "baseline's own: " + "; and ".join(seen)))
         elif not self.judged:
             found.append(Guard("moves-data", "pass", "the baseline itself: its collectives are "
                                "the path candidates are timed against"))
+        elif self.network_unread:
+            found.append(Guard("moves-data", "warn", "the jail's network counters could not be "
+                               "read from outside here: only the ranks' own count of "
+                               f"collectives (none in {self.calls} forward calls) speaks, and a "
+                               "candidate can rewrite it"))
         elif self.calls:
-            found.append(Guard("moves-data", "pass", f"no collective of any process group ran "
-                               f"inside {self.calls} forward calls (counted by the groups' "
-                               "sequence numbers on every rank)"))
+            found.append(Guard("moves-data", "pass", f"no data crossed the jail's network in "
+                               f"{self.calls} forward calls, or between them (its counters, "
+                               "read from outside), and no rank counted a collective of any "
+                               "process group"))
         if self.environment:
             changes = list(self.environment.values())
             found.append(Guard("config", "fail", "the candidate changed the environment the "
@@ -368,29 +460,36 @@ class _Watch:
         return found
 
 
-def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
-           result: EvaluationResult, watch: _Watch, *, budget_s: float,
-           say: Callable[[str], None]) -> None:
-    baseline, candidate = groups[BASELINE], groups[CANDIDATE]
-    baseline.load()
-    for rank, header in enumerate(candidate.load()):
+def load(group: RankGroup, watch: RanksWatch) -> None:
+    """The candidate imported (and set up) on every rank of its group; CallFailed or
+    ChildFailure when it is not."""
+    for rank, header in enumerate(group.load()):
         watch.note(rank, header, "importing")
     watch.loaded = True
-    result.guards.append(Guard("loads", "pass", f"imported on all {op.world_size} ranks"))
 
+
+def check_correctness(op: Op, candidate: RankGroup, workloads: list[Workload], *,
+                      secret_seed: int, watch: RanksWatch) -> list[Guard]:
+    """Every rank's output of every workload, in every distribution, against the exact
+    sum, and every rank's input unchanged: the `correctness` guard, then (when that
+    passed) `inputs-unchanged`. Stops early once the candidate was seen falling back to
+    the collective library (`watch`)."""
     failures: list[str] = []
     changed: list[str] = []
     checked = 0
     for slot, workload in enumerate(workloads):
         for distribution in DISTRIBUTIONS:
-            inputs = op.make_inputs(workload, derive_seed(result.seed, "inputs", workload.name,
+            inputs = op.make_inputs(workload, derive_seed(secret_seed, "inputs", workload.name,
                                                           distribution), distribution)
             reference = op.reference(inputs)
             candidate.prepare(slot, inputs["x"])
-            for rank, (header, tensors) in enumerate(candidate.ask("check", f"checking {workload.name}",
-                                                                   slot=slot)):
+            during = f"checking {workload.name}"
+            watch.traffic(candidate.traffic(), f"between requests, before {during}")
+            answers = candidate.ask("check", during, slot=slot)
+            watch.traffic(candidate.traffic(), during)
+            for rank, (header, tensors) in enumerate(answers):
                 watch.calls += 1
-                watch.note(rank, header, f"checking {workload.name}")
+                watch.note(rank, header, during)
                 output = tensors.get("output")
                 ok, detail = (op.check(output, reference, inputs) if output is not None
                               else (False, "forward returned no tensor"))
@@ -400,20 +499,32 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
                 if not torch.equal(tensors["x_after"], inputs["x"][rank]):
                     changed.append(f"{workload.name}, rank {rank}")
         candidate.ask("drop", "dropping inputs", slot=slot)
-        if watch.collectives:
+        if not watch.moved_data_itself:
             break
     if failures:
         more = f"; and {len(failures) - 1} more" if len(failures) > 1 else ""
-        result.guards.append(Guard("correctness", "fail", failures[0] + more))
-        return
-    result.guards.append(Guard("correctness", "pass", f"every rank's output matches the exact "
-                               f"sum: {checked} outputs over {len(workloads)} workloads and "
-                               f"{len(DISTRIBUTIONS)} distributions"))
-    result.guards.append(Guard("inputs-unchanged", "fail", f"forward wrote its input x: {changed[0]}")
-                         if changed else Guard("inputs-unchanged", "pass",
-                                               "every rank's input unchanged by the call"))
-    result.correct = not changed
-    if changed or watch.collectives or watch.environment:
+        return [Guard("correctness", "fail", failures[0] + more)]
+    return [Guard("correctness", "pass", f"every rank's output matches the exact sum: "
+                  f"{checked} outputs over {len(workloads)} workloads and "
+                  f"{len(DISTRIBUTIONS)} distributions"),
+            Guard("inputs-unchanged", "fail", f"forward wrote its input x: {changed[0]}")
+            if changed else Guard("inputs-unchanged", "pass",
+                                  "every rank's input unchanged by the call")]
+
+
+def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
+           result: EvaluationResult, watch: RanksWatch, *, budget_s: float,
+           say: Callable[[str], None]) -> None:
+    groups[BASELINE].load()
+    load(groups[CANDIDATE], watch)
+    result.guards.append(Guard("loads", "pass", f"imported on all {op.world_size} ranks"))
+    checked = check_correctness(op, groups[CANDIDATE], workloads, secret_seed=result.seed,
+                                watch=watch)
+    result.guards += checked
+    if any(guard.status == "fail" for guard in checked):
+        return  # wrong, or it wrote its input: result.correct stays False
+    result.correct = True
+    if not watch.moved_data_itself or watch.environment:
         return  # rejected already: nothing to time
 
     result.workloads = []
@@ -440,22 +551,23 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
             f"{timed.candidate_ms:.4g} ms (slowest of {op.world_size} ranks), speedup "
             f"{timed.speedup:.3f}x [{low:.3f}, {high:.3f}], p={timed.p_value:.2g}"
             + (" (significant)" if timed.significant else ""))
-        if watch.collectives or watch.environment:
+        if not watch.moved_data_itself or watch.environment:
             return  # it behaved otherwise once timed: rejected, no more to time
 
 
-def _time(op: Op, groups: dict[str, RankGroup], workload: Workload, watch: _Watch,
+def _time(op: Op, groups: dict[str, RankGroup], workload: Workload, watch: RanksWatch,
           secret_seed: int, *, budget_s: float) -> tuple[dict[str, list[float]], list[str]]:
     """Alternating rounds, baseline then candidate, until the budget is spent: whatever
     slows the machine meanwhile slows both sides alike. A round is SAMPLES_PER_ROUND
-    calls on every rank, each behind a barrier and each on inputs of its own, new every
-    round (drawn from the secret seed, so no call's input was seen before: a result kept
-    from an earlier call is stale). Its sample is the judge's own clock, from the
-    request's first byte out to the last rank's reply in, per call: the collective is
-    done when its slowest rank is, and no rank's word on its own speed is taken (its
-    process runs candidate code). After a secret sample of rounds, and after the last,
-    the judge reads back every output of the candidate's round on every rank and
-    checks it against the exact sum: a rank that skipped work while timed is wrong.
+    calls on every rank, each a request of the judge's to every rank (which lines them
+    up) and each on inputs of its own, new every round (drawn from the secret seed, so
+    no call's input was seen before: a result kept from an earlier call is stale). Its
+    sample is the judge's own clock, from each request's first byte out to the last
+    rank's reply in, averaged over the round's calls: the collective is done when its
+    slowest rank is, and no rank's word on its own speed is taken (its process runs
+    candidate code). After a secret sample of rounds, and after the last, the judge
+    reads back every output of the candidate's round on every rank and checks it
+    against the exact sum: a rank that skipped work while timed is wrong.
 
     Returns the times and what was wrong in the timed outputs read."""
     times: dict[str, list[float]] = {BASELINE: [], CANDIDATE: []}
@@ -469,15 +581,23 @@ def _time(op: Op, groups: dict[str, RankGroup], workload: Workload, watch: _Watc
                                                       rounds, call), DISTRIBUTIONS[0])
                  for call in range(SAMPLES_PER_ROUND)]
         shares = torch.stack([inputs["x"] for inputs in calls], dim=1)  # (rank, call, ...)
+        during = f"timing {workload.name}"
         for role, group in groups.items():
             group.prepare_round(shares)
-            sent = time.perf_counter_ns()
-            answers = group.ask("time", f"timing {workload.name}", samples=SAMPLES_PER_ROUND)
-            times[role].append((time.perf_counter_ns() - sent) / 1e6 / SAMPLES_PER_ROUND)
             if role == CANDIDATE:
-                for rank, (header, _) in enumerate(answers):
-                    watch.calls += SAMPLES_PER_ROUND
-                    watch.note(rank, header, f"timing {workload.name}")
+                watch.traffic(group.traffic(), f"between requests, before {during}")
+            spent_ns = 0
+            for call in range(SAMPLES_PER_ROUND):
+                sent = time.perf_counter_ns()
+                answers = group.ask("time", during, index=call)
+                spent_ns += time.perf_counter_ns() - sent
+                if role == CANDIDATE:
+                    for rank, (header, _) in enumerate(answers):
+                        watch.calls += 1
+                        watch.note(rank, header, during)
+            times[role].append(spent_ns / 1e6 / SAMPLES_PER_ROUND)
+            if role == CANDIDATE:
+                watch.traffic(group.traffic(), during)
         rounds += 1
         if picker.random() < REVALIDATE_RATE:
             wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)

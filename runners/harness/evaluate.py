@@ -314,6 +314,9 @@ def evaluate(
         raise UsageError(f"the time budget must be positive, not {time_budget_s}")
     if not e2e_command_budget_s > 0:
         raise UsageError(f"the end-to-end command's budget must be positive, not {e2e_command_budget_s}")
+    if op.world_size > 1 and (dsl != "torch" or e2e_command is not None):
+        raise UsageError(f"{op.name} spans {op.world_size} ranks: its evaluation runs torch "
+                         "candidates, without an end-to-end command, so far")
     limits = limits or Limits()
     source = path.read_text(encoding="utf-8", errors="replace")
     baseline_source = baseline_path.read_text(encoding="utf-8", errors="replace")
@@ -332,42 +335,31 @@ def evaluate(
                            and dsls.timings_meaningful(dsls.written_in(baseline_source), kind)),
         seed=draw_secret_seed() if seed is None else seed,
     )
-    if op.world_size > 1:
-        if dsl != "torch" or e2e_command is not None:
-            raise UsageError(f"{op.name} spans {op.world_size} ranks: its evaluation runs torch "
-                             "candidates, without an end-to-end command, so far")
-        settings = protected.check(source, baseline_source)
-        if stop_at_static and settings is not None and settings[0] == "fail":
-            # The cascade's static stage, as for one process: no rank group starts.
-            return _refused(result, Guard("protected-settings", *settings), started)
-        collective.evaluate(op, path, baseline_path, workloads, result, budget_s=time_budget_s,
-                            limits=limits, deadline=started + limits.total_s, say=say)
-        result.machine = machine_state(kind)
-        result.duration_s = round(time.monotonic() - started, 3)
-        return result
+    # The cascade's static stage, once, whichever path judges the candidate next.
     try:
         shared = imports.resolve(source, path.name, _lib_folder(lib))
     except imports.ImportRefused as refusal:
-        return _refused(result, Guard("imports", "fail", str(refusal)), started)
-    static = dsls.static_check(source, dsl) if dsl != "torch" else None
-    settings = protected.check(source, baseline_source)
+        return _refused(result, [Guard("imports", "fail", str(refusal))], started)
+    static, settings = _static_checks(source, baseline_source, dsl, shared, kept_shared)
     if shared:
         result.lib_files = [file.provenance() for file in shared]
         result.guards.append(Guard("imports", "pass", imports.summary(shared)))
-        lib_dsl, lib_settings = imports.check(shared, dsl, kept=kept_shared)
-        # The candidate's own failure first; else the first imported file's.
-        static = static if static is None or static[0] == "fail" or lib_dsl is None else lib_dsl
-        settings = settings if settings is None or settings[0] == "fail" or lib_settings is None \
-            else lib_settings
+    if op.world_size > 1:
+        if stop_at_static and _fails_statically(static, settings):
+            # As for one process: no rank group starts.
+            return _refused(result, _static_guards(dsl, static, settings), started)
+        return _evaluate_collective(op, path, baseline_path, workloads, result, settings,
+                                    shared, kept_shared, budget_s=time_budget_s, limits=limits,
+                                    started=started, say=say)
     run = _Run(op=op, path=path, baseline_path=baseline_path, workloads=workloads, result=result,
                limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
                static=static, protected_settings=settings,
                batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
                e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
-    if stop_at_static and _fails_statically(run):
+    if stop_at_static and _fails_statically(static, settings):
         # The cascade's first and cheapest stage: the source, read and never run, is
         # rejected before any process starts.
-        result.guards += _static_guards(run)
+        result.guards += _static_guards(dsl, static, settings)
         result.error = next(guard.detail for guard in result.guards if guard.status == "fail")
         return _finish(result, run, started)
     if shared or kept_shared:
@@ -413,6 +405,43 @@ def evaluate(
     return _finish(result, run, started)
 
 
+def _static_checks(source: str, baseline_source: str, dsl: str, shared: list[imports.LibFile],
+                   kept_shared: list[imports.LibFile]) -> tuple[tuple[str, str] | None,
+                                                                tuple[str, str] | None]:
+    """What the source and the shared files it imports say, read and never run: (the
+    required-DSL check, None for plain torch; the protected-settings check, which also
+    refuses a declared encoding other than UTF-8, None when it has nothing to say)."""
+    static = dsls.static_check(source, dsl) if dsl != "torch" else None
+    settings = protected.check(source, baseline_source)
+    if shared:
+        lib_dsl, lib_settings = imports.check(shared, dsl, kept=kept_shared)
+        # The candidate's own failure first; else the first imported file's.
+        static = static if static is None or static[0] == "fail" or lib_dsl is None else lib_dsl
+        settings = settings if settings is None or settings[0] == "fail" or lib_settings is None \
+            else lib_settings
+    return static, settings
+
+
+def _evaluate_collective(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
+                         result: EvaluationResult, settings: tuple[str, str] | None,
+                         shared: list[imports.LibFile], kept_shared: list[imports.LibFile], *,
+                         budget_s: float, limits: Limits, started: float,
+                         say: Callable[[str], None]) -> EvaluationResult:
+    """An op across ranks (runners.harness.collective), once past the static stage: each
+    side's ranks import the shared code it read, as one process would."""
+    served = imports.Served(shared, kept_shared) if shared or kept_shared else None
+    try:
+        collective.evaluate(op, path, baseline_path, workloads, result, budget_s=budget_s,
+                            limits=limits, deadline=started + limits.total_s, say=say,
+                            settings=settings, shared=served)
+    finally:
+        if served is not None:
+            served.close()
+    result.machine = machine_state(result.device)
+    result.duration_s = round(time.monotonic() - started, 3)
+    return result
+
+
 def _finish(result: EvaluationResult, run: _Run, started: float) -> EvaluationResult:
     result.verdict = _verdict(result)
     # Each stage runs only while no guard has failed, so the one in progress when the
@@ -425,18 +454,18 @@ def _finish(result: EvaluationResult, run: _Run, started: float) -> EvaluationRe
     return result
 
 
-def _fails_statically(run: _Run) -> bool:
-    return any(check is not None and check[0] == "fail"
-               for check in (run.static, run.protected_settings))
+def _fails_statically(static: tuple[str, str] | None, settings: tuple[str, str] | None) -> bool:
+    return any(check is not None and check[0] == "fail" for check in (static, settings))
 
 
-def _static_guards(run: _Run) -> list[Guard]:
+def _static_guards(dsl: str, static: tuple[str, str] | None,
+                   settings: tuple[str, str] | None) -> list[Guard]:
     """What the source alone says: the required DSL and the protected settings."""
     guards = []
-    if run.static is not None:
-        guards.append(_required_dsl(run.result.dsl, run.static, []))
-    if run.protected_settings is not None:
-        guards.append(Guard("protected-settings", *run.protected_settings))
+    if static is not None:
+        guards.append(_required_dsl(dsl, static, []))
+    if settings is not None:
+        guards.append(Guard("protected-settings", *settings))
     return guards
 
 
@@ -449,10 +478,10 @@ def _lib_folder(lib: str | os.PathLike[str] | None) -> Path:
     return folder
 
 
-def _refused(result: EvaluationResult, guard: Guard, started: float) -> EvaluationResult:
+def _refused(result: EvaluationResult, guards: list[Guard], started: float) -> EvaluationResult:
     """A candidate rejected before any process ran it: the cascade's static stage."""
-    result.guards.append(guard)
-    result.error = guard.detail
+    result.guards += guards
+    result.error = next(guard.detail for guard in guards if guard.status == "fail")
     result.verdict = _verdict(result)
     result.stopped_at = "static"
     result.machine = machine_state(result.device)

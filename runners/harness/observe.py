@@ -239,6 +239,47 @@ class Outside:
             self._memory = None
 
 
+# The kernel's own counters of data sent through a network namespace's sockets, as
+# (file under /proc/<pid>/net, line prefix, field): new TCP segments that carry data
+# (not pure acknowledgements, which a transfer's peer may send a moment after it) and
+# datagrams. A process in the namespace cannot reset them (that takes CAP_NET_ADMIN).
+_DATA_SENT = (("netstat", "TcpExt", "TCPOrigDataSent"), ("snmp", "Udp", "OutDatagrams"),
+              ("snmp", "UdpLite", "OutDatagrams"))
+
+
+def network_data_sent(pid: int) -> int | None:
+    """The TCP data segments and UDP datagrams the sockets of `pid`'s network namespace
+    have sent since it was made, read from outside the process; None where /proc
+    cannot show them (the process gone, or another user's namespace)."""
+    tables: dict[str, dict[str, dict[str, str]]] = {}
+    total = 0
+    for file, prefix, name in _DATA_SENT:
+        if file not in tables:
+            text = _read(f"/proc/{pid}/net/{file}")
+            if text is None:
+                return None
+            tables[file] = _counter_table(text)
+        value = tables[file].get(prefix, {}).get(name)
+        if value is None:
+            if prefix == "TcpExt":
+                return None  # no count of TCP data, the transport a process group uses
+            continue
+        total += int(value)
+    return total
+
+
+def _counter_table(text: str) -> dict[str, dict[str, str]]:
+    """/proc/net/snmp's and netstat's layout: a line of names, then one of values, each
+    line starting with the same prefix."""
+    table: dict[str, dict[str, str]] = {}
+    lines = text.splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        prefix, _, named = names.partition(":")
+        if values.partition(":")[0] == prefix:
+            table[prefix] = dict(zip(named.split(), values.partition(":")[2].split()))
+    return table
+
+
 class GpuProbe:
     """The judge's own work on a shared GPU, in its own CUDA context, around each call.
 

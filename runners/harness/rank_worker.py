@@ -7,19 +7,22 @@ baseline and the candidate each in a jail of its own shared by its ranks (runner
 `ranks` = world_size; runners.jail.group starts them). Every rank:
 1. reads the setup from the judge's private pipe;
 2. sets OS limits and threads, joins the side's process group (gloo on the CPU over the
-   jail's loopback, NCCL on CUDA) and a second, gloo group of the harness's own for
-   lining the ranks up, and says it started;
+   jail's loopback, NCCL on CUDA), and says it started;
 3. on the judge's word, takes note of the environment (the C library's, which NCCL
-   reads), installs the audit hook, imports the candidate and calls its `setup(comm)`
-   if it has one;
-4. answers requests until the judge closes the pipe.
+   reads), installs the audit hook and the shared code the judge read, imports the
+   candidate and calls its `setup(comm)` if it has one;
+4. answers requests until the judge closes the pipe: one forward call per request, the
+   judge's request to every rank being what lines the ranks up (the harness has no
+   process group of its own, so the jail's network carries only the side's).
 
 It is given its own rank's tensor only, never its peers' and never the seed: a rank can
 have the sum only by moving data. Around every forward it counts the collectives of
-every process group it knows, by the groups' own sequence numbers (which move with a
-collective however it was called) and by torch.distributed's functions (which name it).
-It does not time anything: whatever a process running candidate code says of its own
-speed could be the candidate's; the judge's clock times the group from outside.
+every process group c10d knows, by the groups' own sequence numbers and by
+torch.distributed's functions (which name them). That count is the rank's own word,
+from a process that runs candidate code (which can reach the counter through its own
+frames): the judge decides moves-data from the jail's network counters, read from
+outside, and uses the count to name what ran. It does not time anything either: the
+judge's clock times the group from outside.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
-from runners.harness import sandbox, wire
+from runners.harness import imports, sandbox, wire
 from runners.harness.candidate import CandidateError, load_candidate, one_line
 
 # torch.distributed's functions that run a collective or point-to-point transfer.
@@ -65,24 +69,15 @@ class Comm:
 
 class CollectiveCounter:
     """Collectives run while counting: by name through torch.distributed's functions,
-    and in total by every known group's sequence number."""
+    and in total by the sequence number of every group c10d has made (the side's, and
+    any made later by whatever name: c10d's registry holds them all)."""
 
-    def __init__(self, groups: list[Any]) -> None:
-        self.groups = list(groups)
+    def __init__(self) -> None:
         self.named: Counter[str] = Counter()
         self.counting = False
         self.originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
         for name, function in self.originals.items():
             setattr(dist, name, self._counted(name, function))
-        original_new_group = dist.new_group
-
-        @functools.wraps(original_new_group)
-        def new_group(*args: Any, **kwargs: Any) -> Any:
-            group = original_new_group(*args, **kwargs)
-            self.groups.append(group)  # a group made later is watched as well
-            return group
-
-        dist.new_group = new_group
 
     def _counted(self, name: str, function: Any) -> Any:
         @functools.wraps(function)
@@ -92,13 +87,14 @@ class CollectiveCounter:
             return function(*args, **kwargs)
         return counted
 
-    def _sequence(self) -> list[int]:
-        numbers = []
-        for group in self.groups:
+    @staticmethod
+    def _sequence() -> dict[Any, int]:
+        numbers = {}
+        for group in list(distributed_c10d._world.pg_map):
             try:
-                numbers.append(int(group._get_sequence_number_for_group()))
+                numbers[group] = int(group._get_sequence_number_for_group())
             except RuntimeError:  # a group this rank is not in
-                numbers.append(0)
+                numbers[group] = 0
         return numbers
 
     def around(self, call: Any) -> tuple[Any, dict[str, Any]]:
@@ -111,7 +107,7 @@ class CollectiveCounter:
         finally:
             self.counting = False
         after = self._sequence()
-        moved = sum(a - b for a, b in zip(after, before)) + sum(after[len(before):])
+        moved = sum(max(0, number - before.get(group, 0)) for group, number in after.items())
         return result, {"total": max(moved, sum(self.named.values())), "named": dict(self.named)}
 
 
@@ -154,7 +150,7 @@ class Rank:
         # the judge may ask for the outputs after any round, and cannot be told apart
         # from one it does not ask after.
         self.round_inputs: list[torch.Tensor] = []
-        self.round_outputs: list[Any] = []
+        self.round_outputs: dict[int, Any] = {}
 
     def reply(self, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
         header = {**header, "refused": self.sandbox.new_refusals() if hasattr(self, "sandbox") else []}
@@ -174,14 +170,10 @@ class Rank:
         store = dist.FileStore(setup["store"], world)
         dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=self.rank,
                                 world_size=world, device_id=device if cuda else None)
-        # The harness's own group lines the ranks up before each timed call; the
-        # candidate is never given it, and a collective on it inside forward counts too.
-        self.lineup = dist.new_group(backend="gloo")
         self.comm = Comm(rank=self.rank, world_size=world, group=dist.group.WORLD,
                          device=device, shared_dir=setup["shared_dir"])
         self.device = device
-        self.counter = CollectiveCounter([dist.group.WORLD, self.lineup])
-        self.barrier = functools.partial(self.counter.originals["barrier"], group=self.lineup)
+        self.counter = CollectiveCounter()
         if not cuda:
             sandbox.limit_memory(setup["memory_bytes"])
         # What the jail refused so far was the harness's own start: the judge tells it
@@ -197,6 +189,9 @@ class Rank:
         self.environment = environment()
         self.sandbox = sandbox.Sandbox(setup["shared_dir"], frozenset())
         self.sandbox.install()
+        if setup.get("lib"):
+            # The shared code as the judge read and hashed it, never the project's copy.
+            imports.install(Path(setup["lib"]))
         try:
             candidate = load_candidate(Path(setup["candidate"]))
             self.forward = candidate.forward
@@ -236,13 +231,13 @@ class Rank:
             if do == "prepare_round":
                 # Each call of the round its own storage: none is a tensor seen before.
                 self.round_inputs = [row.clone() for row in tensors["x"].to(self.device)]
-                self.round_outputs = []
+                self.round_outputs = {}
                 self.reply({"ok": True})
                 continue
             if do == "outputs":
                 self.reply({"ok": True, "count": len(self.round_outputs)},
                            {f"output_{index}": output.detach().cpu()
-                            for index, output in enumerate(self.round_outputs)
+                            for index, output in self.round_outputs.items()
                             if isinstance(output, torch.Tensor)})
                 continue
             if do == "drop":
@@ -252,7 +247,6 @@ class Rank:
             try:
                 if do == "check":
                     x = self.inputs[slot]
-                    self.barrier()
                     output, collectives = self.call(x)
                     self.reply({"ok": True, "collectives": collectives,
                                 "environment": environment_changes(self.environment),
@@ -260,14 +254,12 @@ class Rank:
                                {"output": output.detach().cpu(), "x_after": x.cpu()}
                                if isinstance(output, torch.Tensor) else {"x_after": x.cpu()})
                 elif do == "time":
-                    collectives: Counter[str] = Counter()
-                    self.round_outputs = []
-                    for x in self.round_inputs:
-                        self.barrier()
-                        output, seen = self.call(x)
-                        self.round_outputs.append(output)
-                        collectives["total"] += seen["total"]
-                    self.reply({"ok": True, "collectives": dict(collectives),
+                    # One timed call of the round: its own input, its output kept for the
+                    # judge, who may read the round's outputs once it is over.
+                    index = request.get("index")
+                    output, collectives = self.call(self.round_inputs[index])
+                    self.round_outputs[index] = output
+                    self.reply({"ok": True, "collectives": collectives,
                                 "environment": environment_changes(self.environment)})
                 else:
                     self.reply({"ok": False, "error": f"unknown request {do!r}"})

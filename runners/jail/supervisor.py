@@ -12,11 +12,19 @@ on a pipe only the supervisor holds:
     {"refused": "socket(AF_INET, …)"}      a call it refused
     {"ran": "/usr/bin/ptxas"}               a program it let start
     {"jail_error": "mount …: EPERM"}        the jail could not be built; the child ended
+    {"network": "closed"}                   no IP socket opens from now on (below)
 
 The child cannot forge these lines (it never holds the pipe), hide a refused call (the
 kernel hands every one over before it runs) or outlive the supervisor: the kernel ends a
 PID namespace with its first process, and that process dies with the supervisor.
 When the child ends, the supervisor exits the same way (same status, same signal).
+
+A collective group's jail (`Plan.loopback`) may open IP sockets on its own loopback,
+where its ranks' process group connects, until the judge sends the supervisor
+SIGUSR1 (CLOSE_NETWORK): the group is set up, and from then on any IP or routing
+socket is refused and named. A process group made after that (which connects anew)
+cannot start, and what the existing connections carry shows in the jail's network
+counters, which the judge reads from outside (runners.harness.observe).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from runners.jail import filter as syscall_filter
 from runners.jail.plan import Plan
 
 CLONE_NEWPID = 0x20000000
+# From the judge: the collective group is set up, no new network sockets from now on.
+CLOSE_NETWORK = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
 _ADDR_NO_RANDOMIZE = 0x0040000
 
@@ -84,6 +94,13 @@ class Supervisor:
         self.narrowed = False
         # A collective group's first process starts its peers, once each, first thing.
         self.ranks_to_start = plan.ranks - 1
+        self.network_closed = False
+
+    def close_network(self, *_: object) -> None:
+        """The judge's CLOSE_NETWORK: refuse every network socket from now on, and say so
+        (the judge waits for the word before the candidate's first call)."""
+        self.network_closed = True
+        self.say(network="closed")
 
     def say(self, **fields: object) -> None:
         try:
@@ -192,7 +209,7 @@ class Supervisor:
             return self._refuse(f"starting a process ({name})", errno.EPERM)
         if name in syscall_filter.PROGRAM_STARTS:
             return self._program(pid, name, args)
-        if name in ("socket", "socketpair") and self.plan.loopback and (
+        if name in ("socket", "socketpair") and self.plan.loopback and not self.network_closed and (
                 args[0] & 0xFFFF in _IP_FAMILIES
                 or (args[0] & 0xFFFF == _AF_NETLINK and args[2] == _NETLINK_ROUTE)):
             # The jail's own network namespace: its loopback, and the routing socket that
@@ -288,6 +305,9 @@ class Supervisor:
     def _describe(self, pid: int, name: str, args: tuple[int, ...]) -> str:
         if name in ("socket", "socketpair"):
             family = _SOCKET_FAMILIES.get(args[0] & 0xFFFF, f"family {args[0] & 0xFFFF}")
+            if self.network_closed:
+                return (f"{name}({family}) once the group was set up: no new network "
+                        "socket from then on (a process group made later needs them)")
             return f"{name}({family}): network access"
         if name in ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp"):
             return f"{name}: reaching into another process"
@@ -389,6 +409,7 @@ def main(argv: list[str]) -> NoReturn:
             except OSError:
                 pass
     supervisor = Supervisor(plan, report, worker)
+    signal.signal(CLOSE_NETWORK, supervisor.close_network)
     supervisor.say(pid=worker)
     try:
         _, fds, _, _ = socket.recv_fds(ours, 16, 1)
