@@ -49,7 +49,7 @@ def _load_select_module():
 
 _cute_select = _load_select_module()
 sys.path.insert(0, str(ROOT))
-from runners.kernel_lib.indexer_scores import ALIGN, current_stream, fake_tensor  # noqa: E402
+from runners.kernel_lib.cute_host import ALIGN, current_stream, fake_tensor, sm_count  # noqa: E402
 from runners.kernel_lib.indexer_select import BINS as _BINS, radix_key, write_hist  # noqa: E402
 _COUNT_THREADS = 256
 SELECT_THREADS = 1024
@@ -117,7 +117,7 @@ def compiled_count(rows: int, context: int, splits: int, per_cta: int):
 
 def compile_for(rows: int, context: int, topk: int) -> None:
     """Both kernels for this shape, before any capture (capture cannot compile)."""
-    splits, per_cta = splits_for(rows, context, _cute_select._sms())
+    splits, per_cta = splits_for(rows, context, sm_count())
     compiled_count(rows, context, splits, per_cta)
     _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))
 
@@ -130,7 +130,7 @@ def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) ->
     if not logits.is_contiguous():
         raise ValueError("the select reads row-major logits without padding between rows")
     rows, context = logits.shape
-    splits, per_cta = splits_for(rows, context, _cute_select._sms())
+    splits, per_cta = splits_for(rows, context, sm_count())
     hist = torch.empty(splits, rows, _BINS, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=logits.device)
     stream = current_stream(logits)
