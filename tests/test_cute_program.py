@@ -4,7 +4,7 @@ The indexer kernels compile once per shape with the context, batch and table wid
 runtime values (fake tensors with cute.sym_int extents), then take tensors of any
 length. A tensor from `from_dlpack` is static: handed to such a program it passed no
 extents, and the program read whatever lay past its descriptor (on the GPU, a grid of
-0 CTAs that CUDA refused). `runners.kernel_lib.indexer_scores.Program` passes each
+0 CTAs that CUDA refused). `runners.kernel_lib.cute_host.Program` passes each
 torch tensor as its fake describes it. A host-only program shows what it reads (the
 JIT's host code runs on a CPU; no kernel is launched).
 """
@@ -32,7 +32,7 @@ PROGRAM = textwrap.dedent('''
     import cutlass.cute as cute
     from cutlass.cute.runtime import from_dlpack
 
-    from runners.kernel_lib.indexer_scores import Program, fake_tensor
+    from runners.kernel_lib.cute_host import Program, fake_tensor
 
 
     @cute.jit

@@ -69,16 +69,20 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     """(launch, scores, hist): a callable that launches a CuTe indexer module's scores
     kernel alone on the op's inputs at these parameters, and the buffers it writes. The
     e4m3 module (inputs with a k_scale) takes the keys' scales and compiles for e4m3."""
+    from runners.kernel_lib.cute_host import current_stream, sm_count
+    from runners.kernel_lib.indexer_scores import SCHEDULES, mma_splits
+    from runners.kernel_lib.indexer_select import BINS
+
     q, k, weights = inputs["q"], inputs["k"], inputs["weights"]
     rows_m, heads, dim = q.shape
-    context, sms = k.shape[0], module._sms()
+    context, sms = k.shape[0], sm_count()
     rows = module.mma_rows(rows, heads, schedule)
-    splits, per_cta = module._mma_splits(rows_m, context, rows, sms)
+    splits, per_cta = mma_splits(rows_m, context, rows, sms)
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
-    hist = torch.empty(splits, rows_m, module.BINS, dtype=torch.int32, device=q.device)
+    hist = torch.empty(splits, rows_m, BINS, dtype=torch.int32, device=q.device)
     shape = (rows_m, heads, dim, rows, stages, weights.dtype, schedule, reduce)
     # Taking turns, a tile is one warpgroup's 64 tokens: twice the 128-token count.
-    span = per_cta * (2 if module._SCHEDULES[schedule] > 1 else 1)
+    span = per_cta * (2 if SCHEDULES[schedule] > 1 else 1)
     if "k_scale" in inputs:
         kernel = module.compiled_scores_mma(*shape)
         tensors = (q.view(rows_m * heads, dim), k, inputs["k_scale"], weights, scores, hist)
@@ -86,7 +90,7 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
         kernel = module.compiled_scores_mma(q.dtype, *shape)
         tensors = (q.view(rows_m * heads, dim), k, weights, scores, hist)
     def launch(*_unused):
-        kernel(*tensors, module.current_stream(q), span)
+        kernel(*tensors, current_stream(q), span)
     return launch, scores, hist
 
 

@@ -4,9 +4,10 @@ scores launch timed alone, beside copies of it with part of its work taken out.
     python3 bench/h200/scores_ablation.py [--ctx 262144] [--replays 30] [--out ablation.jsonl]
         [--files '[["label", "dsa_indexer_topk_fp8", "path/to/kernel.py"]]']
 
-A copy is the kept kernel file with its own copies of the shared functions the
-ablations edit (`record`, `head_sums`, from runners/kernel_lib: `with_own_copies`),
-then edits (ABLATIONS): "no stores" drops every
+A copy is the kept kernel file with its own copy of the shared scores code the
+ablations edit (runners/kernel_lib/indexer_scores.py, whose pieces make up the
+kernel's scores, and indexer_select.py's `record`: `with_own_copies`), then edits
+(ABLATIONS): "no stores" drops every
 score's store and histogram count; "MMA only" (e4m3) drops the stores, the ReLU's
 conversion to bfloat16 and the N=8 head-sum MMAs too, leaving the TMA pipeline, the
 turns and the big MMAs; "4 head-sum MMAs" and "1 head-sum MMA" (e4m3) issue only the
@@ -54,12 +55,22 @@ def _definition(module, name: str) -> str:
     raise SystemExit(f"{module.__name__} no longer defines {name}")
 
 
-# The kept kernels' scores call these shared functions; a copy of a kernel gets its own
-# copies, defined last so they are the ones its kernels find, for the edits to change.
-OWN_COPIES = ("\n\n# Own copies of shared code, for the ablations to edit.\n"
-              "from runners.kernel_lib.indexer_scores import as_operand_a, relu_bf16x2  # noqa: E402\n"
-              "from runners.kernel_lib.indexer_select import radix_key  # noqa: E402\n\n\n"
-              + _definition(indexer_select, "record") + "\n\n" + _definition(indexer_scores, "head_sums"))
+def _body(module) -> str:
+    """A shared module's source from its `from __future__` import on, less that line (it
+    may only open a file): its imports and definitions, to go after a kernel's own."""
+    source = Path(module.__file__).read_text()
+    future = "from __future__ import annotations\n"
+    if future not in source:
+        raise SystemExit(f"{module.__name__} no longer opens with {future.strip()!r}")
+    return source[source.index(future) + len(future):]
+
+
+# The kept kernels' scores are made of indexer_scores.py's pieces, which store through
+# indexer_select.py's `record`: a copy of a kernel gets its own copies of both, defined
+# last so they are the ones its kernel finds, for the edits to change.
+OWN_COPIES = ("\n\n# Own copies of shared code, for the ablations to edit.\n" + _body(indexer_scores)
+              + "\n\nfrom runners.kernel_lib.indexer_select import radix_key  # noqa: E402\n\n\n"
+              + _definition(indexer_select, "record"))
 
 
 def with_own_copies(source: str) -> str:
@@ -75,12 +86,12 @@ _HEAD_SUMS_DEFINITION = _definition(indexer_scores, "head_sums")
 HEAD_SUMS = _HEAD_SUMS_DEFINITION[_HEAD_SUMS_DEFINITION.index("    packed = "):
                                   _HEAD_SUMS_DEFINITION.index("    warpgroup.commit_group()\n")] \
     + "    warpgroup.commit_group()\n"
-# The end of _consume, where a warpgroup has waited for its last MMA.
-CONSUME_END = '''                             quad, reduce, lane_tokens, lane_scales)
+# The end of consume, where a warpgroup has waited for its last MMA.
+CONSUME_END = '''                            reduce, seq_end, k_scale, ahead)
 
 
 @cute.jit
-def _issue_turn('''
+def _tile_block('''
 # (label, [(text in the kept file, its replacement)]): the edits of each copy. A copy
 # keeps one use of what it no longer stores, one the compiler cannot prove dead (a score
 # of exactly -1e30), or it would drop the MMAs that feed it as well: a first try without

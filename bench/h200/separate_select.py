@@ -48,7 +48,7 @@ def _load_select_module():
 
 _cute_select = _load_select_module()
 sys.path.insert(0, str(ROOT))
-from runners.kernel_lib.indexer_scores import Program, current_stream, fake_tensor  # noqa: E402
+from runners.kernel_lib.cute_host import Program, current_stream, fake_tensor, sm_count  # noqa: E402
 from runners.kernel_lib.indexer_select import BINS as _BINS, radix_key, write_hist  # noqa: E402
 _COUNT_THREADS = 256
 SELECT_THREADS = 1024
@@ -107,16 +107,14 @@ def splits_for(rows: int, context: int, sms: int) -> tuple[int, int]:
 @functools.cache
 def compiled_count(rows: int, context: int, splits: int, per_cta: int):
     fake = fake_tensor
-    arguments = (
-        fake(cutlass.Float32, (rows, context)), fake(cutlass.Int32, (rows,)),
-        fake(cutlass.Int32, (splits, rows, _BINS)), cuda.CUstream(0), per_cta,
-    )
+    arguments = (fake(cutlass.Float32, (rows, context)), fake(cutlass.Int32, (rows,)),
+                 fake(cutlass.Int32, (splits, rows, _BINS)), cuda.CUstream(0), per_cta)
     return Program(cute.compile(_launch_count, *arguments), arguments)
 
 
 def compile_for(rows: int, context: int, topk: int) -> None:
     """Both kernels for this shape, before any capture (capture cannot compile)."""
-    splits, per_cta = splits_for(rows, context, _cute_select._sms())
+    splits, per_cta = splits_for(rows, context, sm_count())
     compiled_count(rows, context, splits, per_cta)
     _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))
 
@@ -129,7 +127,7 @@ def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) ->
     if not logits.is_contiguous():
         raise ValueError("the select reads row-major logits without padding between rows")
     rows, context = logits.shape
-    splits, per_cta = splits_for(rows, context, _cute_select._sms())
+    splits, per_cta = splits_for(rows, context, sm_count())
     hist = torch.empty(splits, rows, _BINS, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, topk, dtype=torch.int64, device=logits.device)
     stream = current_stream(logits)

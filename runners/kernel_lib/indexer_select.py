@@ -28,6 +28,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
+from runners.kernel_lib.cute_host import Program, fake_tensor, runtime_int
+
 WARP = 32
 # A score's radix key is split into digits of 11, 11 and 10 bits, most significant
 # first; a histogram of the first is what the scores kernels count.
@@ -42,6 +44,9 @@ _LOADS_IN_FLIGHT = 4
 # The chosen indices are listed and sorted in shared memory (past the bitmap's reach), up
 # to this many.
 MAX_TOPK = 8192
+# Tokens per block of the paged indexers' cache: a paged row is whole blocks wide, so a
+# 16-byte load of it never leaves it.
+BLOCK_SIZE = 64
 # Up to this many context tokens (64 KB of bits) the chosen are marked in a bitmap in
 # shared memory and written out in token order by a prefix sum: no bitonic sort, whose
 # 66 steps for 2048 indices each ended in a sync (on the H200 the kept bf16 kernel went
@@ -139,6 +144,66 @@ def _threshold_bin(
                 found[2] = count
             above += count
     cute.arch.sync_threads()
+
+
+@cute.jit
+def _kth_key(
+    keys: cute.Tensor, row, count, top: cutlass.Uint32, need: cutlass.Int32, all_in_bin: cutlass.Constexpr,
+    sHist: cute.Tensor, sWarp: cute.Tensor, sFound: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """(the exact top-k-th key, how many keys equal to it are taken): digits 2 and 3
+    counted (`_count_digit`) among the keys whose first digit is `top`, `need` of them
+    still to take; `all_in_bin`: every key's first digit is `top` (the candidates').
+    sFound is left holding digit 3's (bin, count above it, count in it)."""
+    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
+    _count_digit(keys, row, count, top, 10, BINS, not all_in_bin, need, sHist, sWarp, sFound, threads)
+    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
+    need -= sFound[1]
+    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
+    _count_digit(keys, row, count, top, 0, LOW_BINS, True, need, sHist, sWarp, sFound, threads)
+    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+    return kth, need - sFound[1]
+
+
+@cute.jit
+def _count_digit(
+    keys: cute.Tensor, row, count, top: cutlass.Uint32, low_bit: cutlass.Constexpr,
+    bins: cutlass.Constexpr, filtered: cutlass.Constexpr, need: cutlass.Int32, sHist: cute.Tensor,
+    sWarp: cute.Tensor, sFound: cute.Tensor, threads: cutlass.Constexpr,
+):
+    """One digit more of the top-k-th key: sFound = `_threshold_bin` of the histogram of
+    the digit of `bins` bins from bit `low_bit` up, among the first `count` keys whose
+    bits above it are `top` (`filtered`; else every key's are). The keys are the
+    radix keys of scores[row, :] (a pass over the row), or with `row` None the
+    candidates' keys in shared memory."""
+    tidx, _, _ = cute.arch.thread_idx()
+    # The bits above the digit. (Worked out here: a method called on a value inside a
+    # dynamic loop makes it one of the loop's carried values, no longer a constant.)
+    high_bit = low_bit + bins.bit_length() - 1
+    for b in cutlass.range(tidx, bins, threads, unroll=1):
+        sHist[b] = 0
+    cute.arch.sync_threads()
+    for n in cutlass.range(tidx, count, threads, unroll=1):
+        if cutlass.const_expr(row is None):
+            key = keys[n]
+        else:
+            key = radix_key(keys[row, n])
+        if cutlass.const_expr(filtered):
+            if key >> cutlass.Uint32(high_bit) == top:
+                _count_key(sHist, key, low_bit, bins)
+        else:
+            _count_key(sHist, key, low_bit, bins)
+    cute.arch.sync_threads()
+    _threshold_bin(sHist, bins, need, sWarp, sFound, threads)
+
+
+@cute.jit
+def _count_key(sHist: cute.Tensor, key: cutlass.Uint32, low_bit: cutlass.Constexpr, bins: cutlass.Constexpr):
+    """Count the key's digit of `bins` bins from bit `low_bit` up."""
+    if cutlass.const_expr(low_bit > 0):
+        key = key >> cutlass.Uint32(low_bit)
+    digit = cutlass.Int32(key & cutlass.Uint32(bins - 1))
+    cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
 
 
 @cute.jit
@@ -274,42 +339,15 @@ def _select_by_passes(
     """The bin is too full for shared memory (many equal or nearly equal scores): two
     passes over the row refine digits 2 and 3, then a count pass and a write pass emit
     the chosen indices in token order, slots handed out by ballots."""
-    tidx, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     context = _row_length(scores, prefix)
     topk = out.shape[1]
     warps = threads // WARP
 
-    # Digit 2 (bits 20..10) among the keys whose digit 1 is `top`.
-    for b in cutlass.range(tidx, BINS, threads, unroll=1):
-        sHist[b] = 0
-    cute.arch.sync_threads()
-    for n in cutlass.range(tidx, context, threads, unroll=1):
-        key = radix_key(scores[row, n])
-        if key >> cutlass.Uint32(21) == top:
-            digit = cutlass.Int32((key >> cutlass.Uint32(10)) & cutlass.Uint32(BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-    cute.arch.sync_threads()
-    _threshold_bin(sHist, BINS, need, sWarp, sFound, threads)
-    top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
-    need -= sFound[1]
-
-    # Digit 3 (bits 9..0) among the keys whose top 22 bits are `top`.
-    for b in cutlass.range(tidx, LOW_BINS, threads, unroll=1):
-        sHist[b] = 0
-    cute.arch.sync_threads()
-    for n in cutlass.range(tidx, context, threads, unroll=1):
-        key = radix_key(scores[row, n])
-        if key >> cutlass.Uint32(10) == top:
-            digit = cutlass.Int32(key & cutlass.Uint32(LOW_BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-    cute.arch.sync_threads()
-    _threshold_bin(sHist, LOW_BINS, need, sWarp, sFound, threads)
-    kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
+    kth, ties = _kth_key(scores, row, context, top, need, False, sHist, sWarp, sFound, threads)
     # Exactly `topk - ties` keys exceed the top-k-th; `ties` of those equal to it fill
     # the rest.
-    ties = need - sFound[1]
     above_all = topk - ties
 
     # Each warp owns one contiguous span of the row, so slots follow token order: count
@@ -433,29 +471,7 @@ def _select_row(
         # The usual case: the top-k-th score's first-digit bin fits in shared memory, so
         # the row is read once and digits 2 and 3 are counted among the candidates.
         _candidates(scores, row, top, sKeys, sIndices, sChosen, sCounts, prefix, threads, by_bitmap, vec)
-        for b in cutlass.range(tidx, BINS, threads, unroll=1):
-            sHist[b] = 0
-        cute.arch.sync_threads()
-        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-            digit = cutlass.Int32((sKeys[c] >> cutlass.Uint32(10)) & cutlass.Uint32(BINS - 1))
-            cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-        cute.arch.sync_threads()
-        _threshold_bin(sHist, BINS, need, sWarp, sFound, threads)
-        top = (top << cutlass.Uint32(11)) | cutlass.Uint32(sFound[0])
-        need -= sFound[1]
-
-        for b in cutlass.range(tidx, LOW_BINS, threads, unroll=1):
-            sHist[b] = 0
-        cute.arch.sync_threads()
-        for c in cutlass.range(tidx, in_bin, threads, unroll=1):
-            key = sKeys[c]
-            if key >> cutlass.Uint32(10) == top:
-                digit = cutlass.Int32(key & cutlass.Uint32(LOW_BINS - 1))
-                cute.arch.atomic_add(sHist.iterator + digit, cutlass.Int32(1))
-        cute.arch.sync_threads()
-        _threshold_bin(sHist, LOW_BINS, need, sWarp, sFound, threads)
-        kth = (top << cutlass.Uint32(10)) | cutlass.Uint32(sFound[0])
-        ties = need - sFound[1]
+        kth, ties = _kth_key(sKeys, None, in_bin, top, need, True, sHist, sWarp, sFound, threads)
         tied = sFound[2]
 
         # Candidates above the top-k-th key join the chosen, and so do those equal to it
@@ -583,3 +599,38 @@ def launch_paged_select(
     _paged_select_rows(scores, hist, out, context_lens, next_n, span, threads, sorted_slots, by_bitmap, 4).launch(
         grid=(scores.shape[0], 1, 1), block=(threads, 1, 1), stream=stream, use_pdl=True
     )
+
+
+def _check_topk(topk: int) -> None:
+    if not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"the select takes 1 to {MAX_TOPK} per row; got top-{topk}")
+
+
+def compile_select(rows_m: int, topk: int, threads: int, vec: int, by_bitmap: bool):
+    """`launch_select` compiled for rows_m rows, top-k and one `select_bucket` (vec,
+    by_bitmap) of context lengths, any length and split count within it; no GPU needed.
+    Called with scores, hist, out, stream."""
+    _check_topk(topk)
+    # A 16-byte vector of a row starts 16-byte aligned only if the row length is a
+    # multiple of four: promised to the compiler, which then emits the wide loads.
+    context = cute.sym_int32(divisibility=vec)
+    arguments = (
+        fake_tensor(cutlass.Float32, (rows_m, context)), fake_tensor(cutlass.Int32, (runtime_int(), rows_m, BINS)),
+        fake_tensor(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
+        1 << (topk - 1).bit_length(), by_bitmap, vec,
+    )
+    return Program(cute.compile(launch_select, *arguments), arguments)
+
+
+def compile_paged_select(next_n: int, topk: int, span: int, threads: int, by_bitmap: bool):
+    """`launch_paged_select` compiled for one (next_n, top-k, span, threads), any batch
+    and lengths, table widths up to BITMAP_TOKENS (by_bitmap) or past it; no GPU needed.
+    Called with scores, hist, out, context_lens, stream."""
+    _check_topk(topk)
+    arguments = (
+        fake_tensor(cutlass.Float32, (runtime_int(), runtime_int(BLOCK_SIZE))),
+        fake_tensor(cutlass.Int32, (runtime_int(), runtime_int(), BINS)),
+        fake_tensor(cutlass.Int64, (runtime_int(), topk)), fake_tensor(cutlass.Int32, (runtime_int(),)),
+        cuda.CUstream(0), next_n, span, threads, 1 << (topk - 1).bit_length(), by_bitmap,
+    )
+    return Program(cute.compile(launch_paged_select, *arguments), arguments)
