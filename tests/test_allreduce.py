@@ -112,27 +112,35 @@ def _plain_rank(rank, store, shared, candidate, shares, answers):
     dist.destroy_process_group()
 
 
-def run_outside(candidate: Path, shares: torch.Tensor, tmp_path: Path) -> dict[int, tuple]:
-    """Each rank's (output, collectives run, NCCL_NVLS_ENABLE after the call)."""
+def _two_plain_ranks(target, candidate: Path, shares: torch.Tensor, tmp_path: Path) -> dict[int, tuple]:
+    """Runs target(rank, store, shared folder, candidate, shares, answers) as ranks 0 and 1
+    in spawned processes; what each put in `answers` (its rank first), by rank."""
     context = multiprocessing.get_context("spawn")
     answers = context.Queue()
+    ranks = [context.Process(target=target, args=(
+        rank, str(tmp_path / "store"), str(tmp_path), str(candidate), shares, answers))
+        for rank in range(2)]
+    for process in ranks:
+        process.start()
+    found = {}
+    for _ in ranks:
+        rank, *answer = answers.get(timeout=120)
+        found[rank] = answer
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    return found
+
+
+def run_outside(candidate: Path, shares: torch.Tensor, tmp_path: Path) -> dict[int, tuple]:
+    """Each rank's (output, collectives run, NCCL_NVLS_ENABLE after the call)."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     try:
-        ranks = [context.Process(target=_plain_rank, args=(
-            rank, str(tmp_path / "store"), str(tmp_path), str(candidate), shares, answers))
-            for rank in range(2)]
-        for process in ranks:
-            process.start()
-        found = {}
-        for _ in ranks:
-            rank, output, collectives, multicast = answers.get(timeout=120)
-            found[rank] = (torch.from_numpy(output), collectives, multicast)
-        for process in ranks:
-            process.join(timeout=60)
-            assert process.exitcode == 0
+        found = _two_plain_ranks(_plain_rank, candidate, shares, tmp_path)
     finally:
         del os.environ["NCCL_NVLS_ENABLE"]
-    return found
+    return {rank: (torch.from_numpy(output), collectives, multicast)
+            for rank, (output, collectives, multicast) in found.items()}
 
 
 @pytest.fixture(scope="module")
@@ -437,23 +445,10 @@ def _plain_rank_caching(rank, store, shared, candidate, shares, answers):
 
 
 def test_outside_the_caching_kernel_returns_a_stale_sum_for_a_changed_tensor(shares, tmp_path):
-    context = multiprocessing.get_context("spawn")
-    answers = context.Queue()
-    ranks = [context.Process(target=_plain_rank_caching, args=(
-        rank, str(tmp_path / "store"), str(tmp_path), str(CACHES), shares, answers))
-        for rank in range(2)]
-    for process in ranks:
-        process.start()
-    found = {}
-    for _ in ranks:
-        rank, first, again = answers.get(timeout=120)
-        found[rank] = (torch.from_numpy(first), torch.from_numpy(again))
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    found = _two_plain_ranks(_plain_rank_caching, CACHES, shares, tmp_path)
     expected = shares.double().sum(0)
     for rank in range(2):
-        first, again = found[rank]
+        first, again = map(torch.from_numpy, found[rank])
         assert torch.allclose(first.double(), expected, rtol=1e-6, atol=1e-6)
         assert torch.equal(again, first)  # the stored sum, not the new one
         assert not torch.allclose(again.double(), 2 * expected, rtol=1e-2, atol=1e-2)
