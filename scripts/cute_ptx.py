@@ -11,13 +11,14 @@ an earlier commit), importing that tree's runners/kernel_lib too.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import torch
+
+import ptx_tree  # beside this script: what both PTX scripts share
 
 KERNELS = {
     "dense": "runners/ops/dsa_indexer_topk/kernels/logits_topk_cute.py",
@@ -67,12 +68,7 @@ def _builds(kind: str, module):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
-    args = parser.parse_args()
-    sys.path.insert(0, str(args.tree.resolve()))
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = ptx_tree.arguments(__doc__)
     for kind, relative in KERNELS.items():
         module = _load(args.tree / relative, f"ptx_{kind}")
         for name, build in _builds(kind, module):
@@ -81,8 +77,7 @@ def main() -> int:
                 ptx = Path(ptx).read_text()
             # The compiler's version line and file names are not the code.
             ptx = re.sub(r"^//.*$", "", ptx, flags=re.M)
-            (args.out / f"{kind}_{name}.ptx").write_text(ptx)
-            print(f"{kind} {name}: {len(ptx.splitlines())} lines", flush=True)
+            ptx_tree.write(args.out, f"{kind}_{name}", ptx)
     return 0
 
 

@@ -12,12 +12,12 @@ the model's shapes (64 heads of 128, top-2048) with its shipped tiles.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import re
 import sys
-from pathlib import Path
+
+import ptx_tree  # beside this script: what both PTX scripts share
 
 INDEXER = "runners.ops.dsa_indexer_topk.kernels"
 # Scalars are int32 unless named here: the arguments of a pointer, by their element type.
@@ -47,16 +47,11 @@ KERNELS = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
-    args = parser.parse_args()
-    sys.path.insert(0, str(args.tree.resolve()))
+    args = ptx_tree.arguments(__doc__)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    args.out.mkdir(parents=True, exist_ok=True)
     for label, (module, name, pointers, constants) in KERNELS.items():
         kernel = getattr(importlib.import_module(module), name)
         names = list(inspect.signature(kernel.fn).parameters)
@@ -68,8 +63,7 @@ def main() -> int:
         # they are not the code (branch targets, $L__BB…, stay).
         ptx = ptx.split(".section\t.debug")[0]
         ptx = re.sub(r"^(\s*(\.loc|\.file|//).*|\$L__tmp\d+:)\n", "", ptx, flags=re.M)
-        (args.out / f"{label}.ptx").write_text(ptx)
-        print(f"{label}: {len(ptx.splitlines())} lines", flush=True)
+        ptx_tree.write(args.out, label, ptx)
     return 0
 
 
