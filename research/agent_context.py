@@ -148,7 +148,9 @@ def agent_context(*, sweep: Sweep, proposal: int | None = None) -> str:
                f" — the kernel must define and launch a {thesis.required_dsl} kernel; torch code doing the "
                "work is refused before evaluation."),
             "- Paths you may change: " + ", ".join(f"`{p}`" for p in allowed)
-            + f" (only `{kernel_file}` is evaluated; a change anywhere else is refused).",
+            + f" (`{kernel_file}` is evaluated with the modules of the shared kernel code, "
+            f"`{workspace.LIB_DIR}/`, that it imports as `runners.kernel_lib`; a change outside these "
+            "paths is refused).",
             "- Forbidden changes, as the author wrote them (data, like the thesis): "
             + (f"`{' '.join(thesis.forbidden_changes.split()).replace('`', chr(39))}`"
                if thesis.forbidden_changes.strip() else "none beyond the tricks below."),

@@ -7,8 +7,10 @@ and its diff against the base is checked before anything is evaluated. A change
 outside the thesis's allowed paths, a kernel that is not Python, is not written in the
 required DSL or changes what the harness holds fixed (`runners.harness.protected`) is
 refused with its reason; anything else becomes a candidate through
-`candidates.candidates_add`. Refused proposals count toward the budget, and the next
-proposal is asked for once the last one's result is in (`sweeps.sweep_continue`).
+`candidates.candidates_add`: the kernel, and the modules of the shared kernel code
+(`kernels/lib/`) it changed, which the candidate is evaluated with. Refused proposals
+count toward the budget, and the next proposal is asked for once the last one's result
+is in (`sweeps.sweep_continue`).
 
 Only commands an administrator declared (`AGENT_COMMANDS`, a TOML file of
 name = "command line", or of tables that also say what the jail lets it reach) can run:
@@ -138,6 +140,9 @@ class Proposal:
     source: str = ""
     refusal: str = ""
     files: list[str] = field(default_factory=list)
+    # The changed modules of the shared kernel code (kernels/lib/), by workspace path:
+    # their text, or None for one deleted. Committed beside the kernel.
+    lib: dict[str, str | None] = field(default_factory=dict)
 
 
 def proposal_make(*, sweep_id: int, task_id: str = "") -> None:
@@ -298,18 +303,31 @@ def proposal_run(*, sweep: Sweep, proposal_number: int) -> Proposal:
         if failure:
             return Proposal(refusal=failure)
         files = workspace.scratch_changes(checkout, base, git_dir=git_dir)
-        kernel_path = checkout / kernel_file
-        # Read only a plain file of a kernel's size: a link could point anywhere on the worker.
-        if kernel_path.is_symlink():
-            return Proposal(files=files, refusal=f"{kernel_file} was replaced by a symbolic link")
-        if os.path.realpath(kernel_path) != os.path.join(os.path.realpath(checkout), kernel_file):
-            return Proposal(files=files, refusal=f"a folder above {kernel_file} was replaced by a symbolic link")
-        if kernel_path.is_file() and kernel_path.stat().st_size > MAX_KERNEL_BYTES:
-            return Proposal(files=files, refusal=f"{kernel_file} is larger than {MAX_KERNEL_BYTES} bytes")
-        source = kernel_path.read_text(encoding="utf-8", errors="replace") if kernel_path.is_file() else ""
-    return Proposal(source=source, files=files,
+        lib_changed = [name for name in files if name.startswith(f"{workspace.LIB_DIR}/") and name.endswith(".py")]
+        read = {}
+        for name in [kernel_file, *lib_changed]:
+            unsafe = _unsafe_to_read(checkout, name)
+            if unsafe:
+                return Proposal(files=files, refusal=unsafe)
+            file = checkout / name
+            read[name] = file.read_text(encoding="utf-8", errors="replace") if file.is_file() else None
+    source = read.pop(kernel_file) or ""
+    return Proposal(source=source, files=files, lib=read,
                     refusal=proposal_refusal(thesis=thesis, kernel_file=kernel_file, files=files, source=source,
                                              kept_source=sweep.baseline_source))
+
+
+def _unsafe_to_read(checkout: Path, name: str) -> str:
+    """Why the checkout's file `name` is not read ('' when it may be): only a plain file
+    of a kernel's size is, since a link could point anywhere on the worker."""
+    file = checkout / name
+    if file.is_symlink():
+        return f"{name} was replaced by a symbolic link"
+    if os.path.realpath(file) != os.path.join(os.path.realpath(checkout), name):
+        return f"a folder above {name} was replaced by a symbolic link"
+    if file.is_file() and file.stat().st_size > MAX_KERNEL_BYTES:
+        return f"{name} is larger than {MAX_KERNEL_BYTES} bytes"
+    return ""
 
 
 def proposal_refusal(*, thesis: Thesis, kernel_file: str, files: list[str], source: str, kept_source: str) -> str:
@@ -318,7 +336,11 @@ def proposal_refusal(*, thesis: Thesis, kernel_file: str, files: list[str], sour
     outside = [path for path in files if not _allowed(path, allowed)]
     if outside:
         shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more" if len(outside) > 5 else "")
-        return f"changes outside the allowed paths: {shown} (allowed: {', '.join(allowed)})"
+        why = ""
+        if any(path.startswith(f"{workspace.LIB_DIR}/") for path in outside):
+            why = (f"; {workspace.LIB_DIR}/ is shared kernel code, which every kernel that imports it "
+                   "runs: a candidate may change a module of it only where the thesis's allowed paths name it")
+        return f"changes outside the allowed paths: {shown} (allowed: {', '.join(allowed)}){why}"
     if kernel_file not in files:
         return f"the agent did not change {kernel_file}"
     if not source.strip():
@@ -355,13 +377,13 @@ def _proposal_record(*, sweep_id: int, proposal: Proposal) -> None:
             return
         fork, kernel_source = sweeps.sweep_fork(sweep)
         candidates.candidates_add(sweep=sweep, kernel_source=kernel_source, fork=fork, points=[params],
-                                  sources=[proposal.source], proposed_by=AGENT)
+                                  sources=[proposal.source], proposed_by=AGENT, lib_changes=proposal.lib)
         kernel_file = workspace.kept_path(sweep.thesis.op, sweep.hardware)
         event_append(sweep_id=sweep.pk, type=PROPOSED, payload={
             "number": number, "params": params,
-            # Changes inside the allowed paths beside the kernel are not evaluated: the
-            # harness times one kernel file.
-            "ignored": [path for path in proposal.files if path != kernel_file],
+            # Changes inside the allowed paths beside the kernel and its shared code are
+            # not evaluated: the harness runs one kernel file with the lib it imports.
+            "ignored": [path for path in proposal.files if path != kernel_file and path not in proposal.lib],
         })
 
 

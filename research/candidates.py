@@ -30,18 +30,23 @@ def describe_params(params: dict) -> str:
 
 def candidates_add(*, sweep: Sweep, kernel_source: str, fork: str | None, points: list[dict],
                     sources: list[str] | None = None, proposed_by: str | None = None,
-                    results: list[dict] | None = None, provenance: dict | None = None) -> None:
+                    results: list[dict] | None = None, provenance: dict | None = None,
+                    lib_changes: dict[str, str | None] | None = None) -> None:
     """Commit and store a candidate per point: the one way candidates join a sweep.
 
     They are queued for evaluation, or, when `results` come with them (a remote host's
     results file), recorded the way a worker records its evaluations. Runs under the
     workspace lock inside the caller's transaction, and publishes the branches as its
     last step, so a failure anywhere leaves neither rows nor branches.
+
+    `lib_changes`: modules of the shared kernel code (workspace path -> text, None to
+    delete) that each candidate's commit changes beside its kernel, as an agent's may.
     """
     first = (sweep.candidates.aggregate(last=Max("number"))["last"] or 0) + 1
     sources = sources or [space.materialize(kernel_source, point) for point in points]
     commits = _candidate_commits(sweep=sweep, kernel_source=kernel_source, fork=fork,
-                                 points=points, sources=sources, first_number=first)
+                                 points=points, sources=sources, first_number=first,
+                                 lib_changes=lib_changes or {})
     candidates = Candidate.objects.bulk_create(
         Candidate(sweep=sweep, number=n, params=point, source=text, commit=commit,
                   branch=workspace.candidate_branch(sweep.pk, n),
@@ -60,7 +65,7 @@ def candidates_add(*, sweep: Sweep, kernel_source: str, fork: str | None, points
 
 
 def _candidate_commits(*, sweep: Sweep, kernel_source: str, fork: str | None, points: list[dict],
-                       sources: list[str], first_number: int) -> list[str]:
+                       sources: list[str], first_number: int, lib_changes: dict[str, str | None]) -> list[str]:
     """One commit per candidate, replacing the op's kept kernel, forked from `fork`.
 
     Without a fork (a sweep's first candidates), they fork from the sweep's base, or,
@@ -80,7 +85,7 @@ def _candidate_commits(*, sweep: Sweep, kernel_source: str, fork: str | None, po
         parent = ":1"
     for number, (point, text) in enumerate(zip(points, sources), start=first_number):
         commits.append(workspace.NewCommit(
-            parents=[parent], files={kept_file: text}, author=producer,
+            parents=[parent], files={kept_file: text, **lib_changes}, author=producer,
             message=f"Candidate {sweep.pk}-{number}: {sweep.kernel} {describe_params(point)}\n\n{about}"))
     built = workspace.build(commits)
     return built[len(built) - len(points):]

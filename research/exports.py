@@ -1,5 +1,6 @@
 """A candidate as a file anyone can take away and run again: its kernel, the kept kernel
-it was timed against, what the lab recorded, and the harness command that made it.
+it was timed against, the shared kernel code each of them ran with, what the lab
+recorded, and the harness command that made it.
 
 Our users do not trust a number they cannot reproduce; the bundle holds everything the
 worker's run had besides the machine. The command is the worker's own
@@ -16,10 +17,11 @@ import zipfile
 
 from django.utils.text import capfirst
 
+import workspace
 from research import provenance
 from research.evaluation import harness_arguments, kept_file_name
 from research.hardware import HARDWARE
-from research.models import Candidate
+from research.models import Candidate, Sweep
 
 # Entries dated alike: the same candidate exports to the same bytes.
 _ZIP_DATE = (2000, 1, 1, 0, 0, 0)
@@ -33,10 +35,16 @@ def candidate_bundle(candidate: Candidate) -> bytes:
     sweep, thesis = candidate.sweep, candidate.sweep.thesis
     kept = kept_file_name(sweep.baseline_kernel) if sweep.baseline_source else None
     seed = (candidate.result or {}).get("seed")
+    # The lib folders a worker passes (research.tasks.evaluate_candidate); an imported
+    # result ran on a host of its own, with the shared code its results file names.
+    imported = sweep.strategy == Sweep.Strategy.IMPORTED
+    shared = {folder: workspace.lib_files(commit) if commit and not imported else None
+              for folder, commit in (("lib", candidate.commit), ("kept-lib", sweep.base_commit))}
     arguments = harness_arguments(
         op=thesis.op, candidate="candidate.py", device=HARDWARE[sweep.hardware].device,
         dsl=thesis.required_dsl, context_lengths=thesis.context_lengths, batch_sizes=thesis.batch_sizes,
-        baseline=kept, seed=seed if isinstance(seed, int) else None)
+        baseline=kept, seed=seed if isinstance(seed, int) else None,
+        lib="lib" if shared["lib"] else None, baseline_lib="kept-lib" if shared["kept-lib"] else None)
     command = shlex.join(["python3", *arguments])
     recorded = {
         "candidate": candidate.label, "revision": candidate.revision, "commit": candidate.commit,
@@ -53,10 +61,14 @@ def candidate_bundle(candidate: Candidate) -> bytes:
     }
     if kept:
         files[kept] = sweep.baseline_source
+    for folder, lib in shared.items():
+        files.update({f"{folder}/{name}": data for name, data in (lib or {}).items()})
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, text in files.items():
-            archive.writestr(zipfile.ZipInfo(name, _ZIP_DATE), text.encode("utf-8"))
+        for name, content in files.items():
+            # Shared code as git holds it: the bytes the harness hashed.
+            data = content if isinstance(content, bytes) else content.encode("utf-8")
+            archive.writestr(zipfile.ZipInfo(name, _ZIP_DATE), data)
     return out.getvalue()
 
 

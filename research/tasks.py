@@ -39,6 +39,9 @@ def evaluate_candidate(candidate_id: int, dispatch: str) -> None:
         dsl=thesis.required_dsl,
         baseline_source=sweep.baseline_source,
         baseline_kernel=sweep.baseline_kernel,
+        # The shared kernel code as the candidate's commit and the kept kernel's hold it.
+        lib_commit=candidate.commit,
+        baseline_lib_commit=sweep.base_commit,
     )
     candidates.candidate_record_result(candidate_id=candidate_id, result=result,
                                        provenance=worker_provenance(queue=sweep.queue))

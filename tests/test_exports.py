@@ -16,6 +16,7 @@ import zipfile
 import pytest
 from django.urls import reverse
 
+import workspace
 from research import candidates, exports
 from research.evaluation import evaluate_source
 from research.hardware import HARDWARE
@@ -48,15 +49,18 @@ def test_the_exported_command_repeats_the_workers_run_from_the_unpacked_folder(p
     result = evaluate_source(op=thesis.op, source=candidate.source, device=HARDWARE[sweep.hardware].device,
                              context_lengths=thesis.context_lengths, batch_sizes=thesis.batch_sizes,
                              dsl=thesis.required_dsl, baseline_source=sweep.baseline_source,
-                             baseline_kernel=sweep.baseline_kernel)
+                             baseline_kernel=sweep.baseline_kernel, lib_commit=candidate.commit,
+                             baseline_lib_commit=sweep.base_commit)
     assert candidates.candidate_claim(candidate_id=candidate.pk) is not None
     candidates.candidate_record_result(candidate_id=candidate.pk, result=result,
                                      provenance=worker_provenance(queue=sweep.queue))
     candidate.refresh_from_db()
 
     files = _unpack(exports.candidate_bundle(candidate))
-    # Nothing kept yet: the workspace's kept file is the op's baseline, and it travels too.
-    assert set(files) == {"candidate.py", "result.json", "REPRODUCE.md", "kept/baseline.py"}
+    # Nothing kept yet: the workspace's kept file is the op's baseline, and it travels too,
+    # with the shared kernel code of both commits as the worker passed it.
+    lib = {f"{folder}/{name}" for folder in ("lib", "kept-lib") for name in workspace.lib_files(candidate.commit)}
+    assert set(files) == {"candidate.py", "result.json", "REPRODUCE.md", "kept/baseline.py", *lib}
     assert files["kept/baseline.py"] == sweep.baseline_source
     # Who measured it, said once (it read "Measured measured here by a worker on …").
     assert files["REPRODUCE.md"].splitlines()[2].startswith("Measured here by a worker on ")
@@ -66,6 +70,7 @@ def test_the_exported_command_repeats_the_workers_run_from_the_unpacked_folder(p
     assert recorded["provenance"]["by"] == "worker"
     command = _command(files)
     assert command[command.index("--seed") + 1] == str(result["seed"])
+    assert command[command.index("--lib") + 1] == "lib" and command[command.index("--baseline-lib") + 1] == "kept-lib"
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)

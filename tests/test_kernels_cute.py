@@ -132,11 +132,15 @@ def test_every_space_point_compiles_for_the_target_and_is_correct_where_it_can_r
         assert point["failures"] == []
 
 
+def _assert_failed_for_want_of_a_gpu(launch: dict) -> None:
+    assert launch["error"]["type"] == "DSLCudaRuntimeError"
+    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+
+
 @pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
 def test_without_a_gpu_the_launch_fails_for_want_of_one_and_counts_no_launch(child):
     launch = child["launch"]
-    assert launch["error"]["type"] == "DSLCudaRuntimeError"
-    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+    _assert_failed_for_want_of_a_gpu(launch)
     assert (launch["compiles"], launch["count"]) == (1, 0)
 
 
@@ -398,34 +402,6 @@ def test_on_a_gpu_the_indexer_is_right_in_float32_deterministic_and_breaks_ties_
                                     "duplicate_keys_wrong": [], "out_of_order": []}
 
 
-@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
-def test_without_a_gpu_the_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(indexer_child):
-    launch = indexer_child["launch"]
-    assert launch["error"]["type"] == "DSLCudaRuntimeError"
-    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
-    # The scores kernel compiled, then its launch failed before the select's turn.
-    assert (launch["compiles"], launch["count"], launch["torch_compute"]) == (1, 0, {})
-
-
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
-def test_on_a_gpu_the_indexer_forward_launches_its_two_kernels_and_no_torch_compute(indexer_child):
-    assert indexer_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
-
-
-def test_the_indexer_compiles_once_for_two_context_lengths(indexer_child):
-    # 5000 and 70000 tokens, split 2 and 4 ways at 3 rows: the lengths and the spans are
-    # runtime values. Without a GPU only the scores kernel is reached (its launch fails);
-    # with one, both kernels compile once and each launches twice.
-    want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
-    assert {key: indexer_child["lengths"][key] for key in want} == want
-
-
-def test_the_static_check_finds_the_launched_indexer_kernels():
-    status, detail = static_check(INDEXER.read_text(), "cute")
-    assert status == "pass", detail
-    assert detail.startswith("forward launches @cute.kernel _")
-
-
 # --- the FP8 indexer: logits_topk_fp8_cute -------------------------------------------
 
 FP8_INDEXER = get_op("dsa_indexer_topk_fp8").kernels()["logits_topk_fp8_cute"]
@@ -451,33 +427,38 @@ def test_every_fp8_indexer_space_point_compiles_to_e4m3_wgmma_fed_by_tma(fp8_chi
         assert point["failures"] == []
 
 
-@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
-def test_without_a_gpu_the_fp8_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(fp8_child):
-    launch = fp8_child["launch"]
-    assert launch["error"]["type"] == "DSLCudaRuntimeError"
-    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
-    assert (launch["compiles"], launch["count"], launch["torch_compute"]) == (1, 0, {})
-
-
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
 def test_on_a_gpu_the_fp8_indexer_writes_its_choice_in_token_order_from_bitmap_and_sort(fp8_child):
     assert fp8_child["gpu"] == {"out_of_order": []}
 
 
+# Both dense indexers (bf16 and FP8), each through its own child.
+DENSE_CHILDREN = ["indexer_child", "fp8_child"]
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
+@pytest.mark.parametrize("child_name", DENSE_CHILDREN)
+def test_without_a_gpu_a_dense_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(request, child_name):
+    launch = request.getfixturevalue(child_name)["launch"]
+    _assert_failed_for_want_of_a_gpu(launch)
+    # The scores kernel compiled, then its launch failed before the select's turn.
+    assert (launch["compiles"], launch["count"], launch["torch_compute"]) == (1, 0, {})
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
-def test_on_a_gpu_the_fp8_indexer_launches_its_two_kernels_and_no_torch_compute(fp8_child):
-    assert fp8_child["launch"] == {"count": 2, "compiles": 2, "error": None, "torch_compute": {}}
+@pytest.mark.parametrize("child_name", DENSE_CHILDREN)
+def test_on_a_gpu_a_dense_indexer_forward_launches_its_two_kernels_and_no_torch_compute(request, child_name):
+    assert request.getfixturevalue(child_name)["launch"] == {
+        "count": 2, "compiles": 2, "error": None, "torch_compute": {}}
 
 
-def test_the_fp8_indexer_compiles_once_for_two_context_lengths(fp8_child):
+@pytest.mark.parametrize("child_name", DENSE_CHILDREN)
+def test_a_dense_indexer_compiles_once_for_two_context_lengths(request, child_name):
+    # 5000 and 70000 tokens, split 2 and 4 ways at 3 rows: the lengths and the spans are
+    # runtime values. Without a GPU only the scores kernel is reached (its launch fails);
+    # with one, both kernels compile once and each launches twice.
     want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
-    assert {key: fp8_child["lengths"][key] for key in want} == want
-
-
-def test_the_static_check_finds_the_launched_fp8_indexer_kernels():
-    status, detail = static_check(FP8_INDEXER.read_text(), "cute")
-    assert status == "pass", detail
-    assert detail.startswith("forward launches @cute.kernel _")
+    assert {key: request.getfixturevalue(child_name)["lengths"][key] for key in want} == want
 
 
 def _torch_files():
@@ -612,24 +593,10 @@ def test_the_paged_indexer_compiles_once_for_new_lengths_widths_and_batches(page
     assert {key: paged_child["lengths"][key] for key in want} == want
 
 
-@pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
-def test_without_a_gpu_the_paged_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(paged_child):
-    launch = paged_child["lengths"]
-    assert launch["error"]["type"] == "DSLCudaRuntimeError"
-    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
-    assert launch["torch_compute"] == {}
-
-
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU to launch")
 def test_on_a_gpu_the_paged_indexer_replays_bit_identically_and_is_exact_on_a_tie_plateau(paged_child):
     # check_failures above also replays a captured graph on new lengths (another seed).
     assert paged_child["gpu"] == {"replays_differ": 0, "plateau_wrong": [], "failures": []}
-
-
-def test_the_static_check_finds_the_launched_paged_indexer_kernels():
-    status, detail = static_check(PAGED.read_text(), "cute")
-    assert status == "pass", detail
-    assert detail.startswith("forward launches @cute.kernel _")
 
 
 @pytest.fixture(scope="module")
@@ -673,11 +640,10 @@ def test_the_paged_fp8_indexer_compiles_once_for_new_lengths_widths_and_batches(
 
 
 @pytest.mark.skipif(ON_GPU, reason="a GPU is present: the launch runs")
-def test_without_a_gpu_the_paged_fp8_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(
-        paged_fp8_child):
-    launch = paged_fp8_child["lengths"]
-    assert launch["error"]["type"] == "DSLCudaRuntimeError"
-    assert any(name in launch["error"]["message"] for name in NO_GPU_ERRORS), launch["error"]
+@pytest.mark.parametrize("child_name", ["paged_child", "paged_fp8_child"])
+def test_without_a_gpu_a_paged_indexer_launch_fails_for_want_of_one_and_runs_no_torch_compute(request, child_name):
+    launch = request.getfixturevalue(child_name)["lengths"]
+    _assert_failed_for_want_of_a_gpu(launch)
     assert launch["torch_compute"] == {}
 
 
@@ -719,7 +685,8 @@ def test_the_paged_fp8_indexer_names_what_is_wrong_with_its_inputs_before_compil
     assert (launches.compiles, launches.count) == (0, 0)
 
 
-def test_the_static_check_finds_the_launched_paged_fp8_indexer_kernels():
-    status, detail = static_check(PAGED_FP8.read_text(), "cute")
+@pytest.mark.parametrize("kernel", [INDEXER, FP8_INDEXER, PAGED, PAGED_FP8], ids=lambda path: path.stem)
+def test_the_static_check_finds_each_indexers_launched_kernels(kernel):
+    status, detail = static_check(kernel.read_text(), "cute")
     assert status == "pass", detail
     assert detail.startswith("forward launches @cute.kernel _")

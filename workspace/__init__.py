@@ -9,6 +9,9 @@ checkout of it; `git clone` it to look around) and laid out as:
       dispatch.json                       per op and hardware class, its kept kernels newest
                                           first, with the size range each one serves
       kernels/<op>/<hardware>/kept.py     the op's current kept kernel on that hardware class
+      kernels/lib/<module>.py             the shared kernel code: what a kernel imports as
+                                          runners.kernel_lib.<module>, seeded with the shipped
+                                          runners/kernel_lib
     candidate/<sweep>-<number>            one candidate: commits that replace
                                           kernels/<op>/<hardware>/kept.py, forked from main's head when
                                           its sweep started, so `git diff main...<branch>` is
@@ -46,9 +49,12 @@ from django.conf import settings
 
 from research.hardware import HARDWARE
 from runners import ops
+from runners.harness.imports import SHIPPED_LIB
 
 MAIN = "main"
 DISPATCH_PATH = "dispatch.json"
+# The shared kernel code: the lib folder (runners.harness.imports) of every commit.
+LIB_DIR = "kernels/lib"
 LOCK_NAME = "kernel-lab.lock"
 GIT_TIMEOUT_S = 60
 
@@ -61,6 +67,10 @@ Kept kernels of Kernel Lab. Written only by the app; clone it to read it.
   (`cpu`, `h100`, `h200`, `b200`): a win on one class never becomes another's kernel. The
   harness times every new candidate against its class's file as it was on `main` when the
   candidate's sweep started.
+- `kernels/lib/<module>.py`: the shared kernel code, which a kernel imports as
+  `runners.kernel_lib.<module>`. A candidate is evaluated with its own commit's modules
+  (the kept kernel it is timed against, with those of its sweep's base), so a change to
+  one is part of the candidate, in its diff and, once kept, on `main`.
 - `dispatch.json`: per op and hardware class, the kept kernels newest first. Each entry
   names the commit whose kept file is that kernel and the size range (`axis`, `min`,
   `max`, inclusive; null for every size) it was kept for. For a size, the first entry
@@ -158,6 +168,10 @@ def _heads(branch: str) -> str:
 # -- running git ---------------------------------------------------------------------
 
 def _git(*args: str, stdin: bytes | None = None, in_workspace: bool = True) -> str:
+    return _git_bytes(*args, stdin=stdin, in_workspace=in_workspace).decode(errors="replace")
+
+
+def _git_bytes(*args: str, stdin: bytes | None = None, in_workspace: bool = True) -> bytes:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     # Never read the machine's or the user's git config: no hooks, no aliases, no
     # identity from elsewhere; what this module passes is all git sees.
@@ -177,7 +191,7 @@ def _git(*args: str, stdin: bytes | None = None, in_workspace: bool = True) -> s
     if done.returncode != 0:
         reason = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         raise WorkspaceError(f"git {args[0]} failed in {path()}: {reason}")
-    return done.stdout.decode(errors="replace")
+    return done.stdout
 
 
 _held = threading.local()
@@ -283,6 +297,28 @@ def kept_sources() -> dict[tuple[str, str], str]:
         _kept_at.clear()
         _kept_at[head] = found
     return _kept_at[head]
+
+
+def _lib_blobs(rev: str) -> dict[str, str]:
+    """Each regular file under kernels/lib/ at `rev`, by its path below it: its blob id.
+    Regular files only: the app writes nothing else, and a link could lead anywhere on the
+    worker that reads it."""
+    listing = _git("ls-tree", "-r", "-z", "--full-tree", rev, "--", f"{LIB_DIR}/")
+    blobs = {}
+    for entry in filter(None, listing.split("\x00")):
+        mode_kind_blob, name = entry.split("\t", 1)
+        mode, kind, blob = mode_kind_blob.split()
+        if kind == "blob" and mode in ("100644", "100755"):
+            blobs[name[len(LIB_DIR) + 1:]] = blob
+    return blobs
+
+
+def lib_files(rev: str) -> dict[str, bytes] | None:
+    """The shared kernel code at `rev`: each file under kernels/lib/, by its path below it,
+    as the bytes git holds. None when `rev` has no kernels/lib/ (a commit from before the
+    workspace held shared code: its kernels import the shipped runners/kernel_lib)."""
+    blobs = _lib_blobs(rev)
+    return {name: _git_bytes("cat-file", "blob", blob) for name, blob in blobs.items()} or None
 
 
 def changed_files(base: str, head: str) -> list[str]:
@@ -422,10 +458,12 @@ def _per_hardware(head: str, table: dict) -> tuple[dict, dict[str, str | None]]:
 
 def ensure() -> None:
     """Create the workspace on first use; seed any (op, hardware class) that has no kept
-    kernel yet; move a workspace of the shared layout (one kept kernel per op) to the
-    per-hardware one.
+    kernel yet, and any module of the shipped runners/kernel_lib that kernels/lib/ lacks;
+    move a workspace of the shared layout (one kept kernel per op) to the per-hardware one.
 
-    Ops are added by adding a folder, so a later start seeds the new ones too.
+    Ops and lib modules are added by adding files, so a later start seeds the new ones
+    too. A lib module main already has is never overwritten: the kept kernels were timed
+    with it, and a change to it comes as a candidate.
     """
     with lock():
         folder = path()
@@ -446,6 +484,12 @@ def ensure() -> None:
         if missing:
             seeded = sorted({name for name, _ in missing})
             messages.append("Seed the shipped baseline of " + ", ".join(seeded))
+        held = _lib_blobs(head) if head else {}
+        lib = {f"{LIB_DIR}/{module.name}": module.read_text(encoding="utf-8")
+               for module in sorted(SHIPPED_LIB.glob("*.py")) if module.name not in held}
+        if lib:
+            files.update(lib)
+            messages.append("Seed the shared kernel code: " + ", ".join(lib))
         if not files:
             return
         if head is None:

@@ -1,6 +1,7 @@
-"""Pieces of the Triton indexer kernels (fused_logits_triton, partial_topk_triton,
-pipelined_topk_triton, radix_topk_triton): a tile of lightning-indexer scores, and the
-candidates' keys and the bitonic networks that keep a running top-k of them.
+"""Pieces of the Triton indexer kernels (fused_logits_triton, fused_logits_fp8_triton,
+partial_topk_triton, pipelined_topk_triton, radix_topk_triton): a tile of keys and its
+lightning-indexer scores, and the candidates' keys and the bitonic networks that keep a
+running top-k of them.
 
 A candidate is one int64 per position: the score's order-preserving integer key in the
 high half, the position (inverted, so lower positions win ties) in the low half. All
@@ -9,6 +10,7 @@ keys of a row differ, so a top-k of them is one set whatever order the work ran 
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -16,11 +18,32 @@ import triton.language as tl
 LOWEST = tl.constexpr(-(2**63))
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """The kernels' PRECISION for inputs of `dtype`: float32 inputs must not be rounded to
+    TF32, their tolerance is 1e-5."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def key_tile(k_ptr, tokens, valid, dims, stride_kn, dim: tl.constexpr, UPCAST: tl.constexpr):
+    """The keys of `tokens`, [BLOCK_N, BLOCK_D]: zero for a token not `valid` and past `dim`
+    (BLOCK_D is the next power of two); float32 with UPCAST."""
+    keys = tl.load(
+        k_ptr + tokens[:, None].to(tl.int64) * stride_kn + dims[None, :],
+        mask=valid[:, None] & (dims[None, :] < dim), other=0.0,
+    )
+    if UPCAST:
+        keys = keys.to(tl.float32)
+    return keys
+
+
 @triton.jit
 def row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
                heads: tl.constexpr, dim: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """sum_h weights[row, h] * relu(q[row, h, :] . keys[n, :]) for a tile of keys."""
+               BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+               key_scale=None):
+    """sum_h weights[row, h] * relu(q[row, h, :] . keys[n, :] * key_scale[n]) for a tile of
+    keys; without `key_scale` (the FP8 keys' per-token scales), unscaled."""
     scores = tl.zeros([BLOCK_N], dtype=tl.float32)
     for h0 in range(0, heads, BLOCK_H):
         head = h0 + tl.arange(0, BLOCK_H)
@@ -33,8 +56,18 @@ def row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
             q = q.to(tl.float32)
         weight = tl.load(w_ptr + row * stride_wm + head, mask=head_ok, other=0.0)
         logits = tl.dot(q, tl.trans(keys), input_precision=PRECISION)
+        if key_scale is not None:
+            logits = logits * key_scale[None, :]
         scores += tl.sum(tl.maximum(logits, 0.0) * weight[:, None], axis=0)
     return scores
+
+
+# Triton's CPU interpreter multiplies the raw bits of bfloat16 dot operands
+# (triton-lang/triton#11584; it supports no bfloat16 arithmetic), so there the kernels
+# widen the operands to float32 first (UPCAST=INTERPRETED). Products of bfloat16 values
+# are exact in float32, as on the tensor cores, so both paths compute the same scores up
+# to summation order.
+INTERPRETED = not isinstance(row_scores, triton.runtime.JITFunction)
 
 
 @triton.jit
@@ -91,3 +124,12 @@ def merge_descending(x, LOG_K: tl.constexpr):
         take_larger = (lanes & (K >> (step + 1))) == 0
         x = tl.where((x > partner) == take_larger, x, partner)
     return x
+
+
+@triton.jit
+def merge_block(best, block, LOG_K: tl.constexpr):
+    """The running top 2**LOG_K `best` (sorted, largest first) with a block of as many
+    candidates in any order merged in: the top 2**LOG_K of both, largest first."""
+    # Largest-first against smallest-first: the larger of each pair are the top half of
+    # both, as one bitonic sequence.
+    return merge_descending(tl.maximum(best, sort_ascending(block, LOG_K)), LOG_K)

@@ -9,6 +9,10 @@ for this proposal from the list, cycling. Modes:
 
     improve    a valid change: PARAMS["block_rows"] set to 1024 (a comment otherwise)
     outside    the same valid change, plus an edit of README.md (not an allowed path)
+    lib        the same valid change, plus one of the shared kernel code the indexers
+               import, kernels/lib/topk_torch.py: a comment, so it runs as before
+    lib-wrong  the same, but the shared head sum's fused path returns the negated sum:
+               every kernel that imports it then selects the lowest scores
     wrong-dsl  replaces the kernel with plain torch code (refused when a DSL is required)
     hack       loosens the op's tolerance from the kernel (refused: protected settings)
     env-hack   sets an environment variable from the kernel (refused: protected settings)
@@ -75,6 +79,17 @@ def improve(kernel: Path) -> None:
     if not count or tuned == source:
         tuned = source.rstrip("\n") + "\n\n# Tuned by the scripted agent.\n"
     kernel.write_text(tuned)
+
+
+SHARED_SCORES = Path("kernels/lib/topk_torch.py")
+FUSED_SUM = "return torch.bmm(weights.unsqueeze(1), logits.relu_()).squeeze(1)"
+
+
+def change_shared_code(wrong: bool) -> None:
+    source = SHARED_SCORES.read_text()
+    if wrong:
+        source = source.replace(FUSED_SUM, "return -" + FUSED_SUM[len("return "):], 1)
+    SHARED_SCORES.write_text(source.rstrip("\n") + "\n\n# Shared code changed by the scripted agent.\n")
 
 
 def probe(kernel: Path, port: int, target: Path) -> None:
@@ -177,6 +192,9 @@ def main() -> int:
         improve(kernel)
         with open("README.md", "a") as readme:
             readme.write("\nThe scripted agent was here.\n")
+    elif mode in ("lib", "lib-wrong"):
+        improve(kernel)
+        change_shared_code(wrong=mode == "lib-wrong")
     elif mode == "wrong-dsl":
         kernel.write_text(TORCH_RMSNORM)
     elif mode == "hack":

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from runners.kernel_lib.topk_torch import head_scores
+
 PARAMS = {
     "chunk": 4096,
     "merge": "running",
@@ -26,18 +28,6 @@ SPACE = {
     "merge": ["running", "collect"],
     "heads": ["fused", "loop"],
 }
-
-
-def _chunk_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    m, heads, dim = q.shape
-    if PARAMS["heads"] == "fused":
-        logits = (q.reshape(m * heads, dim) @ keys.T).float().relu_().view(m, heads, -1)
-        return torch.bmm(weights.unsqueeze(1), logits).squeeze(1)
-    scores = torch.zeros(m, keys.shape[0], dtype=torch.float32, device=q.device)
-    for head in range(heads):
-        logits = (q[:, head] @ keys.T).float().relu_()
-        scores.addcmul_(logits, weights[:, head:head + 1])
-    return scores
 
 
 def _select(values: torch.Tensor, indices: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +42,7 @@ def forward(
     kept_values: list[torch.Tensor] = []
     kept_indices: list[torch.Tensor] = []
     for start in range(0, k.shape[0], chunk):
-        scores = _chunk_scores(q, k[start:start + chunk], weights)
+        scores = head_scores(q, k[start:start + chunk], weights, fused=PARAMS["heads"] == "fused")
         values, indices = scores.topk(min(topk, scores.shape[1]), dim=1)
         kept_values.append(values)
         kept_indices.append(indices + start)

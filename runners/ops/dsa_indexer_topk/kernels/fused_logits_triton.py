@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runners.kernel_lib.topk_triton import row_scores
+from runners.kernel_lib.topk_triton import INTERPRETED, dot_precision, key_tile, row_scores
 
 # Fastest point on an H200 (H=64, D=128, N up to 256K).
 PARAMS = {
@@ -53,25 +53,13 @@ def _indexer_logits(
     tokens = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     token_ok = tokens < context
-    keys = tl.load(
-        k_ptr + tokens[:, None].to(tl.int64) * stride_kn + dims[None, :],
-        mask=token_ok[:, None] & (dims[None, :] < dim), other=0.0,
-    )
-    if UPCAST:
-        keys = keys.to(tl.float32)
+    keys = key_tile(k_ptr, tokens, token_ok, dims, stride_kn, dim, UPCAST)
     for r in tl.static_range(ROWS):
         row = tl.program_id(0) * ROWS + r
         if row < rows:
             scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
                                 heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
             tl.store(out_ptr + row * stride_om + tokens, scores, mask=token_ok)
-
-
-# Triton's CPU interpreter multiplies the raw bits of bfloat16 dot operands
-# (triton-lang/triton#11584; it supports no bfloat16 arithmetic), so there the operands
-# are widened to float32 first. Products of bfloat16 values are exact in float32, as
-# on the tensor cores, so both paths compute the same scores up to summation order.
-_INTERPRETED = not isinstance(_indexer_logits, triton.runtime.JITFunction)
 
 
 def forward(
@@ -89,9 +77,7 @@ def forward(
         q.stride(0), q.stride(1), k.stride(0), weights.stride(0), scores.stride(0),
         heads=heads, dim=dim, BLOCK_N=block_n, BLOCK_H=PARAMS["BLOCK_H"],
         BLOCK_D=triton.next_power_of_2(dim), ROWS=rows_per_program,
-        # float32 inputs must not be rounded to TF32: their tolerance is 1e-5.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=_INTERPRETED,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
         num_warps=PARAMS["num_warps"], num_stages=PARAMS["num_stages"],
     )
     return scores.topk(topk, dim=1).indices

@@ -34,7 +34,8 @@ import triton
 import triton.language as tl
 
 from runners.kernel_lib.topk_triton import (
-    LOWEST, candidate_keys, candidate_positions, merge_descending, row_scores, sort_ascending,
+    INTERPRETED, LOWEST, candidate_keys, candidate_positions, dot_precision, key_tile, merge_block,
+    merge_descending, row_scores,
 )
 
 PARAMS = {
@@ -64,9 +65,7 @@ def _absorb(best_ptr, pending_ptr, pending, lanes, topk, LOG_KEEP: tl.constexpr)
     block = tl.load(pending_ptr + lanes, mask=lanes < pending, other=LOWEST)
     best = tl.load(best_ptr + lanes)
     tl.debug_barrier()
-    # Largest-first against smallest-first: the larger of each pair are the top
-    # half of both, as one bitonic sequence.
-    best = merge_descending(tl.maximum(best, sort_ascending(block, LOG_KEEP)), LOG_KEEP)
+    best = merge_block(best, block, LOG_KEEP)
     tl.store(best_ptr + lanes, best)
     return tl.sum(tl.where(lanes == topk - 1, best, 0), axis=0)
 
@@ -101,12 +100,7 @@ def _span_topk(
         if start < context:
             tokens = start + tl.arange(0, BLOCK_N)
             valid = tokens < context
-            keys = tl.load(
-                k_ptr + tokens[:, None].to(tl.int64) * stride_kn + dims[None, :],
-                mask=valid[:, None] & (dims[None, :] < dim), other=0.0,
-            )
-            if UPCAST:
-                keys = keys.to(tl.float32)
+            keys = key_tile(k_ptr, tokens, valid, dims, stride_kn, dim, UPCAST)
             scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh,
                                 stride_wm, heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
             candidates = tl.where(valid, candidate_keys(scores, tokens), LOWEST)
@@ -137,13 +131,6 @@ def _merge_spans(partial_ptr, out_ptr, topk, stride_om, SPANS: tl.constexpr,
     tl.store(out_ptr + row * stride_om + lanes, candidate_positions(best), mask=lanes < topk)
 
 
-# Triton's CPU interpreter multiplies the raw bits of bfloat16 dot operands
-# (triton-lang/triton#11584; it supports no bfloat16 arithmetic), so there the operands
-# are widened to float32 first. Products of bfloat16 values are exact in float32, as
-# on the tensor cores, so both paths compute the same scores up to summation order.
-_INTERPRETED = not isinstance(_span_topk, triton.runtime.JITFunction)
-
-
 def forward(
     q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int
 ) -> torch.Tensor:
@@ -168,9 +155,7 @@ def forward(
         heads=heads, dim=dim, SPAN_TILES=span_tiles, BLOCK_N=block_n,
         BLOCK_H=PARAMS["BLOCK_H"], BLOCK_D=triton.next_power_of_2(dim),
         KEEP=keep, LOG_KEEP=keep.bit_length() - 1,
-        # float32 inputs must not be rounded to TF32: their tolerance is 1e-5.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=_INTERPRETED,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
         num_warps=PARAMS["num_warps"], num_stages=PARAMS["num_stages"],
     )
     _merge_spans[(rows,)](

@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from runners.kernel_lib.topk_triton import (
-    LOWEST, candidate_keys, candidate_positions, merge_descending, row_scores, sort_ascending,
+    INTERPRETED, LOWEST, candidate_keys, candidate_positions, dot_precision, key_tile, merge_block,
+    row_scores,
 )
 
 PARAMS = {
@@ -76,9 +77,7 @@ def _merge_candidates(best_in, best_out, found_in, pending_in, out_ptr, row, top
     for start in range(0, CAPACITY, KEEP):
         if start < found:
             block = tl.load(pending_in + start + lanes, mask=start + lanes < found, other=LOWEST)
-            # Largest-first against smallest-first: the larger of each pair are the
-            # top half of both, as one bitonic sequence.
-            best = merge_descending(tl.maximum(best, sort_ascending(block, LOG_KEEP)), LOG_KEEP)
+            best = merge_block(best, block, LOG_KEEP)
     tl.store(best_out + row * KEEP + lanes, best)
     if finishing:
         tl.store(out_ptr + row * stride_om + lanes, candidate_positions(best), mask=lanes < topk)
@@ -94,12 +93,7 @@ def _score_chunk(q_ptr, k_ptr, w_ptr, best_in, found_out, pending_out, row, star
     tokens = start + tl.arange(0, BLOCK_N)
     valid = tokens < context
     dims = tl.arange(0, BLOCK_D)
-    keys = tl.load(
-        k_ptr + tokens[:, None].to(tl.int64) * stride_kn + dims[None, :],
-        mask=valid[:, None] & (dims[None, :] < dim), other=0.0,
-    )
-    if UPCAST:
-        keys = keys.to(tl.float32)
+    keys = key_tile(k_ptr, tokens, valid, dims, stride_kn, dim, UPCAST)
     scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
                         heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
     floor = tl.load(best_in + row * KEEP + topk - 1)
@@ -138,13 +132,6 @@ def _pipeline_step(
                      context, topk, stride_qm, stride_qh, stride_kn, stride_wm,
                      heads, dim, CAPACITY, BLOCK_N, BLOCK_H, BLOCK_D, KEEP,
                      PRECISION, UPCAST)
-
-
-# Triton's CPU interpreter multiplies the raw bits of bfloat16 dot operands
-# (triton-lang/triton#11584; it supports no bfloat16 arithmetic), so there the operands
-# are widened to float32 first. Products of bfloat16 values are exact in float32, as
-# on the tensor cores, so both paths compute the same scores up to summation order.
-_INTERPRETED = not isinstance(_pipeline_step, triton.runtime.JITFunction)
 
 
 def _chunks(context: int, first: int, largest: int) -> list[tuple[int, int]]:
@@ -189,9 +176,7 @@ def forward(
             heads=heads, dim=dim, CAPACITY=capacity, BLOCK_N=block_n,
             BLOCK_H=PARAMS["BLOCK_H"], BLOCK_D=triton.next_power_of_2(dim),
             KEEP=keep, LOG_KEEP=keep.bit_length() - 1,
-            # float32 inputs must not be rounded to TF32: their tolerance is 1e-5.
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            UPCAST=_INTERPRETED,
+            PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
             num_warps=PARAMS["num_warps"], num_stages=PARAMS["num_stages"],
         )
     return out

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runners.kernel_lib.topk_triton import row_scores
+from runners.kernel_lib.topk_triton import INTERPRETED, dot_precision, key_tile, row_scores
 
 PARAMS = {
     "BLOCK_N": 128,
@@ -94,12 +94,7 @@ def _scores_and_histogram(
     tokens = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = tokens < context
     dims = tl.arange(0, BLOCK_D)
-    keys = tl.load(
-        k_ptr + tokens[:, None].to(tl.int64) * stride_kn + dims[None, :],
-        mask=valid[:, None] & (dims[None, :] < dim), other=0.0,
-    )
-    if UPCAST:
-        keys = keys.to(tl.float32)
+    keys = key_tile(k_ptr, tokens, valid, dims, stride_kn, dim, UPCAST)
     scores = row_scores(q_ptr, w_ptr, row, keys, dims, stride_qm, stride_qh, stride_wm,
                         heads, dim, BLOCK_N, BLOCK_H, PRECISION, UPCAST)
     tl.store(scores_ptr + row * stride_sm + tokens, scores, mask=valid)
@@ -159,6 +154,15 @@ def _compact(scores_ptr, state_ptr, counts_ptr, out_ptr, boundary_ptr, context,
 
 
 @triton.jit
+def _boundary_chunk(scores_row, boundary_row, start, lanes, inside):
+    """The boundary list's positions from `start`: which lanes hold one, the positions,
+    and their scores' keys."""
+    ok = start + lanes < inside
+    tokens = tl.load(boundary_row + start + lanes, mask=ok, other=0)
+    return ok, tokens, _key(tl.load(scores_row + tokens, mask=ok, other=0.0))
+
+
+@triton.jit
 def _refine_digit(scores_row, boundary_row, inside, prefix, need,
                   SHIFT: tl.constexpr, BITS: tl.constexpr, CHUNKS: tl.constexpr):
     """Among the boundary scores whose key's bits above SHIFT + BITS equal `prefix`,
@@ -172,9 +176,7 @@ def _refine_digit(scores_row, boundary_row, inside, prefix, need,
     for chunk in range(CHUNKS):
         start = chunk * REFINE_BLOCK
         if start < inside:
-            ok = start + lanes < inside
-            tokens = tl.load(boundary_row + start + lanes, mask=ok, other=0)
-            keys = _key(tl.load(scores_row + tokens, mask=ok, other=0.0))
+            ok, _, keys = _boundary_chunk(scores_row, boundary_row, start, lanes, inside)
             match = ok & ((keys >> (SHIFT + BITS)) == prefix)
             digit = tl.where(match, (keys >> SHIFT) & ((1 << BITS) - 1), 0)
             # tl.histogram counts every lane: the others land in bin 0, taken back out.
@@ -210,9 +212,7 @@ def _refine(scores_ptr, state_ptr, boundary_ptr, out_ptr, topk,
     for chunk in range(CHUNKS):
         start = chunk * REFINE_BLOCK
         if start < inside:
-            ok = start + lanes < inside
-            tokens = tl.load(boundary_row + start + lanes, mask=ok, other=0)
-            keys = _key(tl.load(scores_row + tokens, mask=ok, other=0.0))
+            ok, tokens, keys = _boundary_chunk(scores_row, boundary_row, start, lanes, inside)
             tie = ok & (keys == threshold)
             take = (ok & (keys > threshold)) | (
                 tie & (ties + tl.cumsum(tie.to(tl.int32), axis=0) <= need))
@@ -220,13 +220,6 @@ def _refine(scores_ptr, state_ptr, boundary_ptr, out_ptr, topk,
             tl.store(out_ptr + row * stride_om + slots, tokens.to(tl.int64), mask=take)
             taken += tl.sum(take.to(tl.int32), axis=0)
             ties += tl.sum(tie.to(tl.int32), axis=0)
-
-
-# Triton's CPU interpreter multiplies the raw bits of bfloat16 dot operands
-# (triton-lang/triton#11584; it supports no bfloat16 arithmetic), so there the operands
-# are widened to float32 first. Products of bfloat16 values are exact in float32, as
-# on the tensor cores, so both paths compute the same scores up to summation order.
-_INTERPRETED = not isinstance(_scores_and_histogram, triton.runtime.JITFunction)
 
 
 def forward(
@@ -249,10 +242,7 @@ def forward(
         q, k, weights, scores, hist, context,
         q.stride(0), q.stride(1), k.stride(0), weights.stride(0), scores.stride(0),
         heads=heads, dim=dim, BLOCK_N=block_n, BLOCK_H=PARAMS["BLOCK_H"],
-        BLOCK_D=triton.next_power_of_2(dim),
-        # float32 inputs must not be rounded to TF32: their tolerance is 1e-5.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=_INTERPRETED,
+        BLOCK_D=triton.next_power_of_2(dim), PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
         num_warps=PARAMS["num_warps"], num_stages=PARAMS["num_stages"],
     )
     _threshold_bin[(rows,)](hist, state, topk, num_warps=4)
