@@ -50,6 +50,15 @@ def fake_tensor(dtype, shape: tuple):
     )
 
 
+@functools.cache
+def _descriptor_type(extents: int, strides: int) -> type[ctypes.Structure]:
+    """The memref descriptor's C layout for so many runtime extents and strides: made once
+    per layout, not on every launch."""
+    fields = ([("data", ctypes.c_void_p)] + [(f"extent{i}", ctypes.c_int32) for i in range(extents)]
+              + [(f"stride{i}", ctypes.c_int64) for i in range(strides)])
+    return type("Descriptor", (ctypes.Structure,), {"_fields_": fields})
+
+
 class _RuntimeTensor:
     """A torch tensor as the argument of a program compiled for a fake tensor whose
     extents are partly runtime values (cute.sym_int): the memref descriptor the program
@@ -70,9 +79,7 @@ class _RuntimeTensor:
             raise ValueError(f"the program assumes {ALIGN}-byte aligned tensors; this one starts at {t.data_ptr():#x}")
         extents = [t.shape[mode] for mode, dynamic in enumerate(shapes) if dynamic]
         steps = [t.stride(mode) for mode, dynamic in enumerate(strides) if dynamic]
-        fields = ([("data", ctypes.c_void_p)] + [(f"extent{i}", ctypes.c_int32) for i in range(len(extents))]
-                  + [(f"stride{i}", ctypes.c_int64) for i in range(len(steps))])
-        descriptor = type("Descriptor", (ctypes.Structure,), {"_fields_": fields})
+        descriptor = _descriptor_type(len(extents), len(steps))
         self.tensor = t  # the memory stays alive while the call runs
         self.descriptor = descriptor(t.data_ptr(), *extents, *steps)
 
