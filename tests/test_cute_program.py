@@ -92,7 +92,3 @@ def test_a_program_compiled_for_runtime_extents_reads_each_calls_own(tmp_path):
     # A tensor whose static extents differ from the program's is refused before the call.
     assert lines[6] == "refused: a tensor of shape (64, 32) for a program compiled for (64, 16)"
 
-
-def test_static_tensors_from_dlpack_hand_such_a_program_no_extents(tmp_path):
-    shown = _run(tmp_path, "static")[6]
-    assert shown.startswith("scores (64,") and not shown.startswith("scores (64,4096) (4096,1) hist (7,4,2048)")
