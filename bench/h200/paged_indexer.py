@@ -20,6 +20,9 @@ beside the shipped baselines, and what a new length costs them.
    For the FP8 op each row also has its compute floor: the op's FLOPs at the e4m3 matmul
    rate this GPU reaches, measured in the same run (torch._scaled_mm on 8192^3, graph
    replays), and the kernel's median over it (the issue's target at all-256K: 1.3x).
+   Every row has its memory floor too: the op's bytes (each sequence's keys read once)
+   at the copy rate this GPU reaches, measured in the same run. At 64 sequences of 256K
+   the paged ops read 2.2 GB (FP8) and 4.3 GB (bf16): memory, not the matmul, bounds them.
 3. A new length: the kernel is called on a batch whose lengths and table width it has
    not seen, timed on the host around the call with a synchronize (the first call),
    then the same call again (steady). With lengths as runtime values the first call
@@ -90,6 +93,17 @@ def e4m3_peak_tflops(flush: torch.Tensor, replays: int) -> float:
     return 2 * n**3 / (statistics.median(timed_replay(graph, flush) for _ in range(replays)) * 1e-3) / 1e12
 
 
+def copy_bandwidth_gbs(flush: torch.Tensor, replays: int) -> float:
+    """The memory rate this GPU reaches: a device copy of 2 GiB (read once, written once),
+    the median of graph replays. A paged indexer reads every key of every sequence once,
+    so at long lengths this, not the matmul rate, is its floor."""
+    source = torch.empty(2**29, device="cuda")
+    target = torch.empty_like(source)
+    graph = capture_graph(lambda source, target: target.copy_(source), [source, target])
+    seconds = statistics.median(timed_replay(graph, flush) for _ in range(replays)) * 1e-3
+    return 2 * source.numel() * source.element_size() / seconds / 1e9
+
+
 def host_ms(forward, inputs: dict) -> float:
     torch.cuda.synchronize()
     began = time.perf_counter()
@@ -123,8 +137,8 @@ def main() -> None:
     flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
     contexts = [int(c) for c in args.ctx.split(",")]
     e4m3_tflops = e4m3_peak_tflops(flush, args.replays) if "dsa_indexer_topk_paged_fp8" in ops else None
-    if e4m3_tflops:
-        print(json.dumps({"e4m3_matmul_tflops": e4m3_tflops}), flush=True)
+    copy_gbs = copy_bandwidth_gbs(flush, args.replays)
+    print(json.dumps({"e4m3_matmul_tflops": e4m3_tflops, "copy_gb_per_s": copy_gbs}), flush=True)
     with args.out.open("w") as out:
         for op_name in ops:
             op = get_op(op_name)
@@ -147,6 +161,11 @@ def main() -> None:
                 if op.compute_dtype == "float8_e4m3fn" and "median_ms" in row["cute"]:
                     row["e4m3_floor_ms"] = op.flops(workload) / (e4m3_tflops * 1e12) * 1e3
                     row["cute_over_e4m3_floor"] = row["cute"]["median_ms"] / row["e4m3_floor_ms"]
+                if "median_ms" in row["cute"]:
+                    # The bytes the op must move (every key of every sequence once) at the
+                    # copy rate measured above: the floor wherever it is above the compute one.
+                    row["memory_floor_ms"] = op.bytes(workload) / (copy_gbs * 1e9) * 1e3
+                    row["cute_over_memory_floor"] = row["cute"]["median_ms"] / row["memory_floor_ms"]
                 # A new length and table width, never seen by this process's kernels.
                 fresh = op.make_inputs(
                     op.build_workloads("cuda", [workload.params["context_length"] // 2 + 1000], [64])[0], 12, "normal")
