@@ -12,12 +12,12 @@ the model's shapes (64 heads of 128, top-2048) with its shipped tiles.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import re
 import sys
-
-import ptx_tree  # beside this script: what both PTX scripts share
+from pathlib import Path
 
 INDEXER = "runners.ops.dsa_indexer_topk.kernels"
 # Scalars are int32 unless named here: the arguments of a pointer, by their element type.
@@ -46,8 +46,20 @@ KERNELS = {
 }
 
 
+def arguments() -> argparse.Namespace:
+    """OUT and --tree (this checkout by default), with the tree first on sys.path, so its
+    runners package is the one imported, and OUT created."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.tree.resolve()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
 def main() -> int:
-    args = ptx_tree.arguments(__doc__)
+    args = arguments()
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -63,7 +75,8 @@ def main() -> int:
         # they are not the code (branch targets, $L__BB…, stay).
         ptx = ptx.split(".section\t.debug")[0]
         ptx = re.sub(r"^(\s*(\.loc|\.file|//).*|\$L__tmp\d+:)\n", "", ptx, flags=re.M)
-        ptx_tree.write(args.out, label, ptx)
+        (args.out / f"{label}.ptx").write_text(ptx)
+        print(f"{label}: {len(ptx.splitlines())} lines", flush=True)
     return 0
 
 

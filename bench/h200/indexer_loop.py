@@ -50,6 +50,15 @@ THESES = {
         "The fp8 indexer on Hopper: e4m3 wgmma fed by TMA, the key scale after the head sum",
         "The bf16 CuTe kernel on e4m3 operands: wgmma at twice the bf16 rate, the per-token key "
         "scale applied once to each summed score (it is positive and shared by every head)."),
+    ("dsa_indexer_topk_paged", "cute"): (
+        "The paged indexer a server calls: lengths on the device, one graph for every step",
+        "Keys by TMA one cache block per tile through the block table, lengths read from "
+        "context_lens on the device and a grid from shapes alone: one compile serves every "
+        "length, and a long sequence is split into spans whose selections are merged."),
+    ("dsa_indexer_topk_paged_fp8", "cute"): (
+        "The paged FP8 indexer a server calls: e4m3 wgmma through the block table",
+        "The paged bf16 kernel's layout with the dense FP8 kernel's e4m3 wgmma; each token's "
+        "scale read through the block table beside its key and applied once to its head sum."),
 }
 
 
