@@ -16,14 +16,14 @@ import torch
 from runners.harness import Limits, evaluate
 from runners.harness import protected
 from runners.harness.dsl import kernel_dsl, static_check
-from runners.harness.evaluate import _thread_count
+from runners.harness.children import thread_count
 from runners.harness.hacks import catalog, op_of
 from runners.ops import get_op, list_ops
 from runners.space import materialize
 from tests.test_harness_attacks import ATTACKS, ATTACKS_CUDA
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
-THREADS = _thread_count()  # what the harness gives each child here
+THREADS = thread_count()  # what the harness gives each child here
 # A call gets 6 s: the Triton candidates' first call runs the interpreter, which took
 # over 2 s on a loaded 2-core machine; a hang still ends quickly.
 LIMITS = Limits(import_s=2, call_s=6, memory_bytes=512 * 2**20)

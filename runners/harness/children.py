@@ -53,6 +53,15 @@ WORKER_EXIT_S = 10
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
+# A fixed count so runs are comparable, and at most half the cores: with every core
+# busy, one descheduled OpenMP worker stalls a whole call and swamps the timing.
+MAX_THREADS = 4
+
+
+def thread_count() -> int:
+    """The threads every child of a run gets (torch's and OpenMP's)."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_THREADS, (available or 1) // 2))
 
 
 @dataclass(frozen=True)

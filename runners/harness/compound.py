@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from runners.e2e.step import DISPATCHED_OPS, PAGED_OPS
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import imports
-from runners.harness.children import CallFailed, Child, ChildFailure, Limits
+from runners.harness.children import CallFailed, Child, ChildFailure, Limits, thread_count
 from runners.harness.machine import machine_state
 from runners.harness.measure import measure_step
 from runners.harness.observe import GpuProbe
@@ -201,8 +200,7 @@ def measure(
     capacity = 2**20  # the loop makes its own inputs: the arena only has to exist
     arena = inputs_arena.Arena(capacity) if device == "cpu" else None
     gpu = GpuProbe() if device == "cuda" else None
-    threads = max(1, min(8, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                             else os.cpu_count() or 1) // 2))
+    threads = thread_count()
     children: dict[str, Child] = {}
     served: list[imports.Served] = []
     try:

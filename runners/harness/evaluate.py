@@ -36,6 +36,7 @@ from runners.harness.children import (
     ChildrenFeed,
     Limits,
     Watch,
+    thread_count,
 )
 from runners.harness.correctness import Feed
 from runners.harness.observe import GpuProbe
@@ -59,9 +60,6 @@ from runners.ops import DISTRIBUTIONS, Op, Workload, get_op
 from runners.space import read_literals
 
 DSLS = dsls.DSLS
-# A fixed count so runs are comparable, and at most half the cores: with every core
-# busy, one descheduled OpenMP worker stalls a whole call and swamps the timing.
-MAX_THREADS = 4
 # CPU a stopped jail may show between two readings from outside: the kernel's
 # accounting of a stopped thread does not move, so anything above rounding ran.
 IDLE_CPU_MS = 0.5
@@ -96,11 +94,6 @@ def _candidate_file(op: Op, candidate_path: str | os.PathLike[str]) -> Path:
     if not path.is_file():
         raise UsageError(f"candidate file not found: {path}")
     return path.resolve()
-
-
-def _thread_count() -> int:
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_THREADS, (available or 1) // 2))
 
 
 def _child_cpus(threads: int) -> list[int] | None:
@@ -329,7 +322,7 @@ def evaluate(
         op=op.name, device=kind, verdict="rejected", correct=False,
         workloads=[WorkloadResult(name=workload.name) for workload in workloads],
         candidate="baseline" if str(candidate_path) == "baseline" else str(path),
-        dsl=dsl, params=_literal_params(source), threads=_thread_count(),
+        dsl=dsl, params=_literal_params(source), threads=thread_count(),
         # Against a kept kernel the interpreter runs, a time means as little.
         timing_meaningful=(dsls.timings_meaningful(dsl, kind)
                            and dsls.timings_meaningful(dsls.written_in(baseline_source), kind)),
