@@ -153,6 +153,8 @@ def main() -> int:
             finally:
                 budget.end()  # on Ctrl-C too: no user starts another request
             cpu = _common.cpu_use_since(clocks, server)
+            if errors:  # what the server said about them
+                print(f"--- Daphne's log, less its access lines ---\n{server.log_errors()}", file=sys.stderr)
         return report(servers, args, pages, alone, samples, errors, cpu)
 
 

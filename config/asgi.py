@@ -9,6 +9,11 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# No persistent database connections in the web processes (Django's advice under ASGI):
+# each request's sync view runs in a thread of its own, and a connection kept open past
+# its request stays with that thread, so 20 users exhausted PostgreSQL's 100 connections
+# ("too many clients already", bench/page_load.py). Workers keep theirs (settings).
+os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 django_http = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)
