@@ -133,6 +133,10 @@ class Server:
         kept = [line for line in self.log_path.read_text(errors="replace").splitlines() if not access.match(line)]
         return "\n".join(kept[-lines:])
 
+    def show_log_errors(self) -> None:
+        """log_errors() on stderr, under a heading: where a run went wrong."""
+        print(f"--- Daphne's log, less its access lines ---\n{self.log_errors()}", file=sys.stderr)
+
 
 @contextmanager
 def daphne(*, capped: bool = True, processes: int = 1) -> Iterator[Server]:
@@ -168,7 +172,7 @@ def daphne(*, capped: bool = True, processes: int = 1) -> Iterator[Server]:
             _wait_until_serving(started, server.url)
             yield server
         except Exception:
-            print(f"--- Daphne's log, less its access lines ---\n{server.log_errors()}", file=sys.stderr)
+            server.show_log_errors()
             raise
 
 

@@ -154,7 +154,7 @@ def main() -> int:
                 budget.end()  # on Ctrl-C too: no user starts another request
             cpu = _common.cpu_use_since(clocks, server)
             if errors:  # what the server said about them
-                print(f"--- Daphne's log, less its access lines ---\n{server.log_errors()}", file=sys.stderr)
+                server.show_log_errors()
         return report(servers, args, pages, alone, samples, errors, cpu)
 
 
