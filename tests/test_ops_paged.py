@@ -76,6 +76,26 @@ def test_slots_no_sequence_owns_hold_louder_keys():
     assert float(cache[~owned].abs().mean()) > 6 * float(cache[owned].abs().mean())
 
 
+def test_the_cache_drawn_a_few_blocks_at_a_time_is_whole_and_quantised_row_by_row(monkeypatch):
+    """The keys are drawn in chunks of blocks (a 256K batch's cache is never whole in
+    float32): every block of every chunk is written, and each FP8 row has its own scale."""
+    import runners.ops.dsa_indexer_topk_paged as paged
+
+    monkeypatch.setattr(paged, "KEY_CHUNK_BLOCKS", 5)
+    op, workload, inputs, _ = _case("dsa_indexer_topk_paged_fp8")
+    blocks = workload.params["num_blocks"]
+    assert blocks > 3 * paged.KEY_CHUNK_BLOCKS and blocks % paged.KEY_CHUNK_BLOCKS  # a partial last chunk
+    values = inputs["kv_cache"].float()
+    assert values.shape[0] == blocks and inputs["kv_scale"].shape == (blocks, BLOCK_SIZE)
+    # Each row's largest |value| is e4m3's largest (448): quantised by its own scale, never left unset.
+    assert torch.equal(values.abs().amax(-1), torch.full((blocks, BLOCK_SIZE), 448.0))
+    assert bool((inputs["kv_scale"] > 0).all())
+    # The same seed gives the same cache; the chunks are not copies of each other.
+    again = op.make_inputs(workload, 3, "normal")
+    assert torch.equal(again["kv_cache"].view(torch.uint8), inputs["kv_cache"].view(torch.uint8))
+    assert not torch.equal(inputs["kv_scale"][:5], inputs["kv_scale"][5:10])
+
+
 def test_mixed_lengths_sum_to_the_total_within_bounds_for_any_seed():
     for seed in range(20):
         lengths = mixed_lengths(64, 262144, 262144 + 63 * 65536, 256, 2048,

@@ -17,13 +17,24 @@ line, and the cases tell the likely causes apart:
                  libraries into one process);
   op_paged       the paged FP8 op's mixed batch up to 32K through the paged adapter.
 
-Prints one line per case: ok (with the output's shape and a checksum) or how it died.
+Each case runs under each --variants entry, which tells the likely causes apart further:
+
+  plain       as a user would run it;
+  big_stack   an unlimited stack (a deep recursion, e.g. in std::regex, dies of the
+              8 MiB default);
+  nvrtc       DeepGEMM's JIT through NVRTC instead of nvcc (DG_JIT_USE_NVRTC=1).
+
+C's stdout is line-buffered (`stdbuf -oL`), so DeepGEMM's own debug lines up to a crash
+are kept. Prints one line per case and variant: ok (with the output's shape and a
+checksum) or how it died.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +72,11 @@ out = paged_deepgemm(deep_gemm, op, inputs)[0]()
 """,
 }
 CASES["op_dense_cute"] = "import cutlass.cute\n" + CASES["op_dense"]
+VARIANTS = {
+    "plain": ({}, None),
+    "big_stack": ({}, lambda: resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY,) * 2)),
+    "nvrtc": ({"DG_JIT_USE_NVRTC": "1"}, None),
+}
 REPORT = """
 torch.cuda.synchronize()
 print(f"ok: {tuple(out.shape)} {out.dtype}, finite sum {out[out.isfinite()].double().sum().item():.6g}")
@@ -71,24 +87,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=120)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--variants", default="plain")
     args = parser.parse_args()
+    line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
     env = {**os.environ, "DG_JIT_DEBUG": "1", "PYTHONFAULTHANDLER": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), str(ROOT), os.environ.get("PYTHONPATH")]))}
     summary = []
-    for name in args.cases.split(","):
-        try:
-            done = subprocess.run([sys.executable, "-c", CASES[name] + REPORT], env=env, capture_output=True,
-                                  text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            summary.append(f"{name}: no answer in {args.timeout:g} s")
-            continue
-        print(f"===== {name}: exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}", flush=True)
-        if done.returncode == 0:
-            summary.append(f"{name}: {done.stdout.strip().splitlines()[-1]}")
-        else:
-            died = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
-            last = (done.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-            summary.append(f"{name}: {died}: {last[:200]}")
+    for variant in args.variants.split(","):
+        extra_env, before = VARIANTS[variant]
+        for case in args.cases.split(","):
+            name = f"{case} ({variant})"
+            try:
+                done = subprocess.run([*line_buffered, sys.executable, "-c", CASES[case] + REPORT],
+                                      env={**env, **extra_env}, preexec_fn=before, capture_output=True, text=True,
+                                      timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                summary.append(f"{name}: no answer in {args.timeout:g} s")
+                continue
+            print(f"===== {name}: exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}", flush=True)
+            if done.returncode == 0:
+                summary.append(f"{name}: {done.stdout.strip().splitlines()[-1]}")
+            else:
+                died = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+                last = (done.stdout.strip().splitlines() or ["(no stdout)"])[-1]
+                summary.append(f"{name}: {died}; its last line: {last[:200]}")
     print("\n".join(summary))
 
 

@@ -35,7 +35,7 @@ sees it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,10 @@ MIXES = ("mixed", "equal")
 # How much louder the keys of slots no sequence owns are: loud enough that any row
 # that scores them selects them.
 _UNOWNED_GAIN = 8.0
+# Cache blocks drawn at a time (64 MiB of float32 keys at D=128): the judge draws a fresh
+# input set for every timed call, and a 256K batch's whole cache in float32 is 8 GiB,
+# which beside three children at their share of an H200 ran it out of memory.
+KEY_CHUNK_BLOCKS = 2048
 
 
 def blocks_for(tokens: int) -> int:
@@ -174,10 +178,14 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
     def make_inputs(self, workload: Workload, seed: int, distribution: str) -> dict[str, Any]:
         return self.sample_paged(workload, seed, distribution, torch.bfloat16)
 
-    def sample_paged(self, workload: Workload, seed: int, distribution: str,
-                     value_dtype: torch.dtype) -> dict[str, Any]:
-        """The batch's inputs with keys in `value_dtype` and the layout of the module's
-        docstring (the FP8 variant quantizes these)."""
+    def sample_paged(self, workload: Workload, seed: int, distribution: str, value_dtype: torch.dtype,
+                     store_keys: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
+                     ) -> dict[str, Any]:
+        """The batch's inputs with q in `value_dtype` and the layout of the module's
+        docstring. The keys are drawn in float32 a chunk of blocks at a time and stored by
+        `store_keys` (a chunk [blocks, 64, D] to the tensors the op keeps for it, each
+        [blocks, ...]; default: kv_cache in `value_dtype`), so the cache is never whole in
+        float32."""
         p = workload.params
         batch, next_n, heads, dim = p["batch"], p["next_n"], p["heads"], p["head_dim"]
         generator = make_generator(seed, workload.device)
@@ -199,11 +207,19 @@ class DsaIndexerTopkPaged(DsaIndexerTopk):
                             + torch.arange(BLOCK_SIZE)).view(-1)[:length]] = True
         draw = lambda shape, dtype: sample(  # noqa: E731
             shape, generator=generator, distribution=distribution, dtype=dtype)
-        keys = draw((p["num_blocks"], BLOCK_SIZE, dim), torch.float32)
-        gain = torch.where(owned, 1.0, _UNOWNED_GAIN).to(keys.device)
+        store_keys = store_keys or (lambda keys: {"kv_cache": keys.to(value_dtype)})
+        gain = torch.where(owned, 1.0, _UNOWNED_GAIN).to(workload.device)
+        stored: dict[str, torch.Tensor] = {}
+        for start in range(0, p["num_blocks"], KEY_CHUNK_BLOCKS):
+            count = min(KEY_CHUNK_BLOCKS, p["num_blocks"] - start)
+            keys = draw((count, BLOCK_SIZE, dim), torch.float32) * gain[start:start + count].unsqueeze(-1)
+            for name, part in store_keys(keys).items():
+                if name not in stored:
+                    stored[name] = part.new_empty((p["num_blocks"], *part.shape[1:]))
+                stored[name][start:start + count] = part
         return {
             "q": draw((batch, next_n, heads, dim), value_dtype),
-            "kv_cache": (keys * gain.unsqueeze(-1)).to(value_dtype),
+            **stored,
             "block_table": block_table.to(torch.int32).to(workload.device),
             "context_lens": torch.tensor(lengths, dtype=torch.int32, device=workload.device),
             "weights": draw((batch * next_n, heads), torch.float32) * heads**-0.5,

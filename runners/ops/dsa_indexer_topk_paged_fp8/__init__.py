@@ -40,14 +40,14 @@ class DsaIndexerTopkPagedFp8(DsaIndexerTopkPaged):
     tolerances = {FP8: (1e-2, 1e-2)}  # the dense FP8 op's, for the same reasons
 
     def make_inputs(self, workload: Workload, seed: int, distribution: str) -> dict[str, Any]:
-        values = self.sample_paged(workload, seed, distribution, torch.float32)
+        values = self.sample_paged(workload, seed, distribution, torch.float32,
+                                   store_keys=lambda keys: dict(zip(("kv_cache", "kv_scale"), quantize_rows(keys))))
         q, q_scale = quantize_rows(values["q"])
-        keys, kv_scale = quantize_rows(values["kv_cache"])
         batch, next_n, heads, dim = q.shape
         return {
             "q": q,
-            "kv_cache": keys,
-            "kv_scale": kv_scale,
+            "kv_cache": values["kv_cache"],
+            "kv_scale": values["kv_scale"],
             "block_table": values["block_table"],
             "context_lens": values["context_lens"],
             "weights": values["weights"] * q_scale.view(batch * next_n, heads) * dim**-0.5,
