@@ -7,8 +7,8 @@ its network holds only its loopback, where the group's process group meets), wit
 harness's clean environment (multicast off), OS limits and the audit hook of every
 candidate process. The judge draws the inputs, gives each rank its own share only on
 its own pipe, checks every rank's output against the exact sum, and times the sides in
-alternating rounds on its own clock, a round ending when the last rank has replied: a
-collective is done when its slowest rank is.
+alternating rounds on its own clock (runners.harness.rank_timing), a round ending when
+the last rank has replied: a collective is done when its slowest rank is.
 
 Guards beyond correctness:
 - moves-data: no data crosses the jail's network once the group is set up (the
@@ -74,19 +74,14 @@ from runners.jail.plan import make_plan
 from runners.jail.supervisor import CLOSE_NETWORK
 from runners.harness.correctness import TIMED_OUTPUTS
 from runners.harness.dispatch import SizedResult, dispatch_range
-from runners.harness.measure import REVALIDATE_RATE
 from runners.harness.observe import network_data_sent
+from runners.harness.rank_timing import SAMPLES_PER_ROUND, Round, time_rounds
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import MIN_NOISE_FLOOR, compare
 from runners.ops import DISTRIBUTIONS, Op, Workload
 
 SIZE_AXIS = "message_bytes"
-# Timed calls per round, each a request of its own to every rank (the line-up), each on
-# an input of its own.
-SAMPLES_PER_ROUND = 5
-# A sample per round: enough of them for the bootstrap even on a short budget.
-MIN_ROUNDS, MAX_ROUNDS = 20, 200
 STARTUP_S = 120.0  # the trusted part of the start: the interpreter, torch, the process group
 # How long the supervisor may take to say it closed the network (it answers at once).
 CLOSE_NETWORK_S = 10.0
@@ -557,68 +552,23 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
 
 def _time(op: Op, groups: dict[str, RankGroup], workload: Workload, watch: RanksWatch,
           secret_seed: int, *, budget_s: float) -> tuple[dict[str, list[float]], list[str]]:
-    """Alternating rounds, baseline then candidate, until the budget is spent: whatever
-    slows the machine meanwhile slows both sides alike. A round is SAMPLES_PER_ROUND
-    calls on every rank, each a request of the judge's to every rank (which lines them
-    up) and each on inputs of its own, new every round (drawn from the secret seed, so
-    no call's input was seen before: a result kept from an earlier call is stale). Its
-    sample is the judge's own clock, from each request's first byte out to the last
-    rank's reply in, averaged over the round's calls: the collective is done when its
-    slowest rank is, and no rank's word on its own speed is taken (its process runs
-    candidate code). After a secret sample of rounds, and after the last, the judge
-    reads back every output of the candidate's round on every rank and checks it
-    against the exact sum: a rank that skipped work while timed is wrong.
+    """The op's own calls at one workload, in alternating rounds (rank_timing): each
+    call's input drawn from the secret seed, new every round, and every output read
+    checked against its exact sum. Returns the times and what was wrong in the timed
+    outputs read."""
+    def draw(round_number: int) -> Round:
+        calls = [op.make_inputs(workload, derive_seed(secret_seed, "timing", workload.name,
+                                                      round_number, call), DISTRIBUTIONS[0])
+                 for call in range(SAMPLES_PER_ROUND)]
 
-    Returns the times and what was wrong in the timed outputs read."""
-    times: dict[str, list[float]] = {BASELINE: [], CANDIDATE: []}
-    wrong: list[str] = []
+        def check(call: int, output: Any) -> tuple[bool, str]:
+            inputs = calls[call]
+            return (op.check(output, op.reference(inputs), inputs) if output is not None
+                    else (False, "forward returned no tensor"))
+
+        return Round(torch.stack([inputs["x"] for inputs in calls], dim=1), check)  # (rank, call, ...)
+
     # The judge's own draw of the rounds it reads, from a seed the ranks never see.
     picker = np.random.default_rng(derive_seed(secret_seed, "timed outputs", workload.name))
-    started = time.monotonic()
-    rounds = 0
-    while rounds < MIN_ROUNDS or (time.monotonic() - started < budget_s and rounds < MAX_ROUNDS):
-        calls = [op.make_inputs(workload, derive_seed(secret_seed, "timing", workload.name,
-                                                      rounds, call), DISTRIBUTIONS[0])
-                 for call in range(SAMPLES_PER_ROUND)]
-        shares = torch.stack([inputs["x"] for inputs in calls], dim=1)  # (rank, call, ...)
-        during = f"timing {workload.name}"
-        for role, group in groups.items():
-            group.prepare_round(shares)
-            if role == CANDIDATE:
-                watch.traffic(group.traffic(), f"between requests, before {during}")
-            spent_ns = 0
-            for call in range(SAMPLES_PER_ROUND):
-                sent = time.perf_counter_ns()
-                answers = group.ask("time", during, index=call)
-                spent_ns += time.perf_counter_ns() - sent
-                if role == CANDIDATE:
-                    for rank, (header, _) in enumerate(answers):
-                        watch.calls += 1
-                        watch.note(rank, header, during)
-            times[role].append(spent_ns / 1e6 / SAMPLES_PER_ROUND)
-            if role == CANDIDATE:
-                watch.traffic(group.traffic(), during)
-        rounds += 1
-        if picker.random() < REVALIDATE_RATE:
-            wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)
-            if wrong:
-                return times, wrong
-    # The last round's outputs, whatever the draw: the candidate's ranks still hold them.
-    wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)
-    return times, wrong
-
-
-def _timed_outputs(op: Op, candidate: RankGroup, workload: Workload,
-                   calls: list[dict[str, torch.Tensor]], round_number: int) -> list[str]:
-    """Every output of the candidate's last round, on every rank, against its exact sum."""
-    wrong = []
-    answers = candidate.ask("outputs", f"reading timed outputs of {workload.name}")
-    for rank, (_, tensors) in enumerate(answers):
-        for call, inputs in enumerate(calls):
-            output = tensors.get(f"output_{call}")
-            ok, detail = (op.check(output, op.reference(inputs), inputs) if output is not None
-                          else (False, "forward returned no tensor"))
-            if not ok:
-                wrong.append(f"{workload.name}, timed round {round_number} call {call + 1}, "
-                             f"rank {rank}: {detail}")
-    return wrong
+    return time_rounds(groups, watch, label=workload.name, budget_s=budget_s, draw=draw,
+                       picker=picker)
