@@ -620,7 +620,8 @@ def test_every_call_starts_from_the_same_cache_so_each_has_an_answer_of_its_own(
     assert step_output_matches(once, exact_outputs(shape, weights, first)) == (True, "")
 
 
-STEP_CANDIDATES = {"honest": HONEST, "baseline": OP.baseline_path}
+STALE = CANDIDATES / "allreduce_stale_on_a_reused_buffer.py"
+STEP_CANDIDATES = {"honest": HONEST, "baseline": OP.baseline_path, "stale": STALE}
 
 
 def _plain_rank_stepping(rank, store, shared, candidates, share, weights, tokens, answers):
@@ -683,6 +684,33 @@ def test_outside_the_step_on_two_ranks_matches_the_exact_step_on_each(name, plai
         assert step_output_matches(found[rank][name][1], exact) == (True, "")
     # Every rank goes on with the same activations after every all-reduce.
     assert torch.equal(found[0][name][1], found[1][name][1])
+
+
+def test_outside_the_stale_all_reduce_sums_a_fresh_tensor_but_not_the_steps_buffer(plain_steps, shares):
+    found, exact = plain_steps
+    for rank in range(2):
+        op_call, step = found[rank]["stale"]
+        assert _is_the_sum(op_call, shares)
+        ok, detail = step_output_matches(step, exact)
+        assert not ok and "24 of 24 sequence outputs" in detail, detail
+        # The first decode step's output already: its first all-reduce's sum came back
+        # for every later one.
+        assert not torch.allclose(step[0].double(), exact[0], rtol=0.05, atol=0.05)
+
+
+def test_inside_the_stale_all_reduce_passes_the_op_checks_and_fails_the_step():
+    result = _evaluate(str(STALE))
+    # Right in every call the op's checks and timing made: every one a fresh tensor.
+    assert _guard(result, "correctness").status == "pass"
+    assert not any(guard.name == "timed-outputs" for guard in result.guards)
+    assert all(workload.candidate_ms > 0 for workload in result.workloads)
+    assert result.verdict == "rejected" and result.dispatch is None and result.e2e is None
+    guard = _guard(result, "e2e")
+    assert guard.status == "fail"
+    assert guard.detail.startswith("wrong output of the tensor-parallel decode step: call 1, rank 0: "
+                                   "24 of 24 sequence outputs"), guard.detail
+    assert "the same buffer with new contents" in guard.detail
+    assert [g.name for g in result.guards if g.status == "fail"] == ["e2e"]
 
 
 # -- every point of the shipped kernels' spaces, across two ranks on the CPU path ---------
