@@ -8,7 +8,8 @@ jail, the baseline `torch.distributed.all_reduce` over gloo in another), so both
 times come from the judge's clock in one run, rounds alternating. Prints, per workload,
 the median time per call of each with its 95% confidence interval, the speedup with
 its interval, whether it is significant, each side's bandwidth (the message over the
-time), and the dispatch range the harness proposes. The machine's load average is
+time), the dispatch range the harness proposes, and the end-to-end tensor-parallel
+decode step's line (its all-reduces between layers the kernel's against gloo's). The machine's load average is
 printed before and after: other work on a shared machine moves both sides.
 
 Needs only the harness's dependencies (torch, numpy): it runs on a bare host.
@@ -77,6 +78,7 @@ def main() -> None:
               f"| {w.speedup:.2f} {_interval(w.speedup_ci, 2)} | {'yes' if w.significant else 'no'} "
               f"| {message / w.baseline_ms / 1e6:.3f} | {message / w.candidate_ms / 1e6:.3f} |")
     print(f"dispatch: {result.dispatch['summary'] if result.dispatch else 'none (no size won)'}")
+    print("end to end: " + next(g.detail for g in result.guards if g.name == "e2e"))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,13 @@ import numpy as np
 import pytest
 import torch
 
+from runners.e2e.tensor_parallel import SHAPES as TP_SHAPES
+from runners.e2e.tensor_parallel import (
+    TensorParallelDecode, TensorParallelShape, draw_tokens, draw_weights, exact_outputs, shard,
+)
 from runners.harness.children import CANDIDATE, Limits, child_environment
 from runners.harness.collective import RankGroup, RanksWatch, check_correctness, load
+from runners.harness.collective_endtoend import step_output_matches
 from runners.harness.dispatch import SizedResult, dispatch_range
 from runners.harness.evaluate import UsageError, evaluate
 from runners.ops import WorkloadError, get_op
@@ -242,6 +247,23 @@ def test_the_honest_kernel_is_correct_on_every_rank_and_every_guard_passes():
     for workload in result.workloads:
         assert workload.samples >= 20 and workload.baseline_ms > 0 and workload.candidate_ms > 0
     assert (result.verdict == "win") == (result.dispatch is not None)
+    _assert_the_step_was_checked_and_timed(result)
+
+
+def _assert_the_step_was_checked_and_timed(result):
+    """The tensor-parallel step's report, in the fields of any op's end-to-end check."""
+    shape = TP_SHAPES["cpu"]
+    e2e = result.e2e
+    assert e2e["baseline_ms"] > 0 and e2e["candidate_ms"] > 0 and e2e["delta_pct"] is not None
+    assert e2e["tensor_parallel"] == {**shape.as_dict(), "world_size": 2, "message_bytes": 4096,
+                                      "all_reduces_per_call": 12}
+    (point,) = e2e["points"]
+    assert (point["context_length"], point["batch"], point["decode_steps"]) == (32, 8, 3)
+    assert point["samples"] >= 20 and point["noise_floor_pct"] == 50.0
+    assert point["candidate_tokens_per_s"] == pytest.approx(8 * 3 / (point["candidate_ms"] / 1e3))
+    guard = _guard(result, "e2e")
+    assert guard.detail.startswith("tensor-parallel decode step (2 ranks) "), guard.detail
+    assert "ctx=32, batch 8" in guard.detail and "tokens/s" in guard.detail
 
 
 def test_the_baseline_against_itself_is_correct_and_passes_every_guard():
@@ -251,6 +273,7 @@ def test_the_baseline_against_itself_is_correct_and_passes_every_guard():
     assert result.correct and result.verdict != "rejected"
     assert all(guard.status == "pass" for guard in result.guards), result.guards
     assert "the baseline itself" in _guard(result, "moves-data").detail
+    _assert_the_step_was_checked_and_timed(result)
 
 
 @pytest.mark.parametrize("name, via", [
@@ -547,6 +570,147 @@ def test_inside_the_caching_kernel_is_checked_right_and_then_caught_timed():
     guard = _guard(result, "timed-outputs")
     assert guard.status == "fail" and "timed round" in guard.detail, guard.detail
     assert "rank 0" in guard.detail and "values differ" in guard.detail, guard.detail
+
+
+# -- the end-to-end check: a tensor-parallel decode step across the two ranks -------------
+
+def test_the_steps_all_reduces_are_messages_of_the_ops_declared_range():
+    for device, shape in TP_SHAPES.items():
+        low, high = OP.context_length_range(device)
+        assert low <= shape.message_bytes <= high, (device, shape.message_bytes)
+    # On the CPU, the smallest size the op is timed at: a decode step's hidden vectors.
+    assert TP_SHAPES["cpu"].message_bytes == min(OP.default_context_lengths("cpu")) == 4096
+
+
+def test_each_rank_holds_its_own_heads_and_columns_and_a_wrong_shard_is_refused_clearly():
+    shape = TP_SHAPES["cpu"]
+    weights = draw_weights(shape, seed=5)
+    halves = [shard(weights, shape, rank, 2) for rank in range(2)]
+    # Column-parallel by heads, row-parallel by the matching rows, the cache by heads:
+    # the two halves are the whole, with nothing in both.
+    assert torch.equal(torch.cat([half["query"] for half in halves], dim=2), weights["query"])
+    assert torch.equal(torch.cat([half["down"] for half in halves], dim=1), weights["down"])
+    assert torch.equal(torch.cat([half["keys"] for half in halves], dim=2), weights["keys"])
+    assert halves[0]["query"].shape == (2, 256, 128) and halves[0]["keys"].shape == (2, 8, 2, 32, 64)
+    with pytest.raises(ValueError, match="the shard's 'query' is shape \\[2, 256, 256\\], not of "
+                                         "shape \\[2, 256, 128\\] \\(one of 2 ranks\\)"):
+        TensorParallelDecode(shape, weights, world_size=2, all_reduce=lambda partial: partial)
+    with pytest.raises(ValueError, match="heads 3 cannot be split evenly across 2 ranks"):
+        shard(weights, TensorParallelShape(layers=2, hidden=255, heads=3, ffn=512,
+                                           context_length=32, batch=8, decode_steps=3), 0, 2)
+    with pytest.raises(ValueError, match="rank 2 is not one of 2 ranks"):
+        shard(weights, shape, 2, 2)
+    step = TensorParallelDecode(shape, weights, world_size=1, all_reduce=lambda partial: partial)
+    with pytest.raises(ValueError, match="starts from a token batch of shape \\[8, 256\\] in "
+                                         "torch.bfloat16, not \\[8, 256\\] in torch.float32"):
+        step(torch.zeros(8, 256))
+
+
+def test_every_call_starts_from_the_same_cache_so_each_has_an_answer_of_its_own():
+    shape = TP_SHAPES["cpu"]
+    weights = draw_weights(shape, seed=5)
+    step = TensorParallelDecode(shape, weights, world_size=1, all_reduce=lambda partial: partial)
+    first, second = draw_tokens(shape, seed=6, calls=2)
+    once = step(first)
+    step(second)  # writes its own keys and values at the decode positions
+    assert torch.equal(step(first), once)
+    assert once.shape == (3, 8, 256)
+    # Even its last decode step is its own tokens': each step feeds the next.
+    assert not torch.equal(step(second)[-1], once[-1])
+    assert step_output_matches(once, exact_outputs(shape, weights, first)) == (True, "")
+
+
+STALE = CANDIDATES / "allreduce_stale_on_a_reused_buffer.py"
+STEP_CANDIDATES = {"honest": HONEST, "baseline": OP.baseline_path, "stale": STALE}
+
+
+def _plain_rank_stepping(rank, store, shared, candidates, share, weights, tokens, answers):
+    import torch.distributed as dist
+
+    from runners.harness.rank_worker import Comm
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    comm = Comm(rank=rank, world_size=2, group=dist.group.WORLD, device=torch.device("cpu"),
+                shared_dir=shared)
+    shape = TP_SHAPES["cpu"]
+    found = {}
+    for name, path in candidates.items():
+        spec = importlib.util.spec_from_file_location(f"plain_{name}_{rank}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        # One op call on a fresh tensor, as the harness's checks make it; then the step,
+        # which gives the all-reduce one buffer, call after call.
+        op_call = module.forward(share.clone(), comm)
+        step = TensorParallelDecode(shape, shard(weights, shape, rank, 2), world_size=2,
+                                    all_reduce=lambda partial, module=module: module.forward(partial, comm))
+        # As numpy (float32 holds every bfloat16): a tensor would travel as a handle the
+        # exited sender revokes.
+        found[name] = (op_call.numpy().copy(), step(tokens).float().numpy())
+    answers.put((rank, found))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def plain_steps(shares, tmp_path_factory):
+    """Each of STEP_CANDIDATES in two ranks of plain processes (no harness): rank r's op
+    call on its share, and its outputs of the step from the same weights and tokens."""
+    folder = tmp_path_factory.mktemp("plain-steps")
+    shape = TP_SHAPES["cpu"]
+    weights = draw_weights(shape, seed=21)
+    tokens = draw_tokens(shape, seed=22, calls=1)[0]
+    context = multiprocessing.get_context("spawn")
+    answers = context.Queue()
+    ranks = [context.Process(target=_plain_rank_stepping, args=(
+        rank, str(folder / "store"), str(folder), {k: str(v) for k, v in STEP_CANDIDATES.items()},
+        shares[rank], weights, tokens, answers)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    found = {}
+    for _ in ranks:
+        rank, outputs = answers.get(timeout=120)
+        found[rank] = {name: (torch.from_numpy(op_call), torch.from_numpy(step).to(torch.bfloat16))
+                       for name, (op_call, step) in outputs.items()}
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    return found, exact_outputs(shape, weights, tokens)
+
+
+@pytest.mark.parametrize("name", ["honest", "baseline"])
+def test_outside_the_step_on_two_ranks_matches_the_exact_step_on_each(name, plain_steps):
+    found, exact = plain_steps
+    for rank in range(2):
+        assert step_output_matches(found[rank][name][1], exact) == (True, "")
+    # Every rank goes on with the same activations after every all-reduce.
+    assert torch.equal(found[0][name][1], found[1][name][1])
+
+
+def test_outside_the_stale_all_reduce_sums_a_fresh_tensor_but_not_the_steps_buffer(plain_steps, shares):
+    found, exact = plain_steps
+    for rank in range(2):
+        op_call, step = found[rank]["stale"]
+        assert _is_the_sum(op_call, shares)
+        ok, detail = step_output_matches(step, exact)
+        assert not ok and "24 of 24 sequence outputs" in detail, detail
+        # The first decode step's output already: its first all-reduce's sum came back
+        # for every later one.
+        assert not torch.allclose(step[0].double(), exact[0], rtol=0.05, atol=0.05)
+
+
+def test_inside_the_stale_all_reduce_passes_the_op_checks_and_fails_the_step():
+    result = _evaluate(str(STALE))
+    # Right in every call the op's checks and timing made: every one a fresh tensor.
+    assert _guard(result, "correctness").status == "pass"
+    assert not any(guard.name == "timed-outputs" for guard in result.guards)
+    assert all(workload.candidate_ms > 0 for workload in result.workloads)
+    assert result.verdict == "rejected" and result.dispatch is None and result.e2e is None
+    guard = _guard(result, "e2e")
+    assert guard.status == "fail"
+    assert guard.detail.startswith("wrong output of the tensor-parallel decode step: call 1, rank 0: "
+                                   "24 of 24 sequence outputs"), guard.detail
+    assert "the same buffer with new contents" in guard.detail
+    assert [g.name for g in result.guards if g.status == "fail"] == ["e2e"]
 
 
 # -- every point of the shipped kernels' spaces, across two ranks on the CPU path ---------

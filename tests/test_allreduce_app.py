@@ -84,3 +84,7 @@ def test_a_sweep_of_the_one_shot_allreduce_is_evaluated_recorded_and_reviewed_by
     xs = {x for f in figures for trace in f["data"] for x in trace.get("x", []) if isinstance(x, str)}
     assert {"4,096", "65,536"} <= xs
     assert "context length" not in page.lower()
+    # The end-to-end tensor-parallel step, reported and shown as any op's end to end.
+    e2e = candidate.result["e2e"]
+    assert e2e["tensor_parallel"]["world_size"] == 2 and e2e["baseline_ms"] > 0
+    assert "ms per decode step" in page and "no end-to-end check in this result" not in page

@@ -71,6 +71,7 @@ def test_allreduce_cpu_times_the_one_shot_kernel_and_gloo_per_message_size():
     rows = [line for line in output.splitlines() if line.startswith("| bytes=4096,dtype=")]
     assert len(rows) == 2 and all(len(row.split("|")) == 9 for row in rows)
     assert "dispatch: " in output
+    assert "end to end: tensor-parallel decode step (2 ranks) " in output
 
 
 def test_allreduce_cpu_refuses_a_kernel_the_op_does_not_have():

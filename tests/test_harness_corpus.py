@@ -159,6 +159,7 @@ COLLECTIVE = {
     "allreduce_rewrites_its_report.py": "moves-data",
     "allreduce_slows_its_clock.py": "protected-settings",
     "allreduce_caches_its_result.py": "timed-outputs",
+    "allreduce_stale_on_a_reused_buffer.py": "e2e",
 }
 
 

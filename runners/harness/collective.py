@@ -7,8 +7,13 @@ its network holds only its loopback, where the group's process group meets), wit
 harness's clean environment (multicast off), OS limits and the audit hook of every
 candidate process. The judge draws the inputs, gives each rank its own share only on
 its own pipe, checks every rank's output against the exact sum, and times the sides in
-alternating rounds on its own clock, a round ending when the last rank has replied: a
-collective is done when its slowest rank is.
+alternating rounds on its own clock (runners.harness.rank_timing), a round ending when
+the last rank has replied: a collective is done when its slowest rank is. Then, in the
+same rank groups, the end-to-end check (runners.harness.collective_endtoend): a
+tensor-parallel decode step whose all-reduces between layers are the candidate's on
+its side and the baseline's on the other, every rank's output checked against the
+judge's own exact step, whole steps timed as the calls were (the `e2e` guard and the
+result's `e2e`).
 
 Guards beyond correctness:
 - moves-data: no data crosses the jail's network once the group is set up (the
@@ -27,6 +32,10 @@ Guards beyond correctness:
 - sandbox: nothing the audit hook refused;
 - jail: nothing the jail's supervisor refused once the candidate was imported (a write
   outside the group's folder, a program, a new namespace...).
+- e2e: inside the tensor-parallel step, every rank's output near the exact step's (an
+  all-reduce right on the fresh tensor of every op call, wrong on the one buffer a step
+  gives it again and again: allreduce_stale_on_a_reused_buffer.py), and the step not
+  significantly slower end to end where the kernel won.
 
 The ranks' own words (the collectives counted, the environment) come from processes
 that run candidate code, as the single-process worker's in-process watchers do, and a
@@ -36,8 +45,9 @@ clock, its check of every output, the jail's network counters and the supervisor
 refusals, on the judge's own pipes.
 
 Not yet here (CPU part only): stopping the jail between requests (the single-process
-path's observe.Outside), CUDA-graph capture of the candidate, and the end-to-end
-tensor-parallel step.
+path's observe.Outside), CUDA-graph capture of the candidate, alone or in the
+tensor-parallel step, and an A/A group (significance uses the device's fixed noise
+floor, in the per-size timing and the step's alike).
 """
 
 from __future__ import annotations
@@ -52,14 +62,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from runners.harness import imports, wire
+from runners.e2e.tensor_parallel import TensorParallelShape, shard
+from runners.harness import collective_endtoend, imports, wire
 from runners.harness.candidate import shorten
 from runners.harness.children import (
     BASELINE,
@@ -74,19 +85,14 @@ from runners.jail.plan import make_plan
 from runners.jail.supervisor import CLOSE_NETWORK
 from runners.harness.correctness import TIMED_OUTPUTS
 from runners.harness.dispatch import SizedResult, dispatch_range
-from runners.harness.measure import REVALIDATE_RATE
 from runners.harness.observe import network_data_sent
+from runners.harness.rank_timing import SAMPLES_PER_ROUND, Round, time_rounds
 from runners.harness.result import EvaluationResult, Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import MIN_NOISE_FLOOR, compare
 from runners.ops import DISTRIBUTIONS, Op, Workload
 
 SIZE_AXIS = "message_bytes"
-# Timed calls per round, each a request of its own to every rank (the line-up), each on
-# an input of its own.
-SAMPLES_PER_ROUND = 5
-# A sample per round: enough of them for the bootstrap even on a short budget.
-MIN_ROUNDS, MAX_ROUNDS = 20, 200
 STARTUP_S = 120.0  # the trusted part of the start: the interpreter, torch, the process group
 # How long the supervisor may take to say it closed the network (it answers at once).
 CLOSE_NETWORK_S = 10.0
@@ -221,11 +227,24 @@ class RankGroup:
             self._send(fd, {"do": "prepare_round"}, {"x": shares[rank]}, "preparing a round's inputs")
         self._receive_all(self.limits.call_s, "preparing a round's inputs")
 
+    def build_step(self, shape: TensorParallelShape, weights: Mapping[str, torch.Tensor]) -> None:
+        """Every rank builds the tensor-parallel decode step (runners.e2e.tensor_parallel)
+        from its own shard of the judge's draw, sent on its own pipe: no rank holds a
+        peer's shard, or the seed it was drawn from."""
+        during = "building the tensor-parallel decode step"
+        for rank, fd in enumerate(self.requests):
+            self._send(fd, {"do": "build_step", "shape": shape.as_dict()},
+                       shard(weights, shape, rank, self.world_size), during)
+        self._all_ok(self._receive_all(self.limits.call_s, during), during)
+
     def ask(self, do: str, during: str, **fields: Any) -> list[tuple[dict[str, Any], dict]]:
         """The same request to every rank at once (a collective needs them all)."""
         for fd in self.requests:
             self._send(fd, {"do": do, **fields}, None, during)
-        answers = self._receive_all(self.limits.call_s, during)
+        return self._all_ok(self._receive_all(self.limits.call_s, during), during)
+
+    def _all_ok(self, answers: list[tuple[dict[str, Any], dict]], during: str
+                ) -> list[tuple[dict[str, Any], dict]]:
         for rank, (header, _) in enumerate(answers):
             if not header.get("ok"):
                 raise CallFailed("raised", f"rank {rank}: {shorten(str(header.get('error')))}",
@@ -332,7 +351,11 @@ def evaluate(op: Op, path: Path, baseline_path: Path, workloads: list[Workload],
             groups[role] = RankGroup(role=role, op=op, path=file, device=result.device,
                                      threads=result.threads or 1, limits=limits, deadline=deadline,
                                      lib=libs[role])
-        _judge(op, groups, workloads, result, watch, budget_s=budget_s, say=say)
+        # `settings` fails here only where the caller went past the static stage: a
+        # candidate it rejected is rejected already, and is not run through the
+        # end-to-end step, as on the single-process path.
+        _judge(op, groups, workloads, result, watch, budget_s=budget_s, say=say,
+               end_to_end=settings is None or settings[0] != "fail")
         # Whatever the candidate's ranks sent once its last call had returned.
         watch.traffic(groups[CANDIDATE].traffic(), "after its last call")
     except ChildFailure as failure:
@@ -514,7 +537,7 @@ def check_correctness(op: Op, candidate: RankGroup, workloads: list[Workload], *
 
 def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
            result: EvaluationResult, watch: RanksWatch, *, budget_s: float,
-           say: Callable[[str], None]) -> None:
+           say: Callable[[str], None], end_to_end: bool) -> None:
     groups[BASELINE].load()
     load(groups[CANDIDATE], watch)
     result.guards.append(Guard("loads", "pass", f"imported on all {op.world_size} ranks"))
@@ -553,72 +576,36 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
             + (" (significant)" if timed.significant else ""))
         if not watch.moved_data_itself or watch.environment:
             return  # it behaved otherwise once timed: rejected, no more to time
+    if not end_to_end:
+        return
+    # The end-to-end check, in the same rank groups: a tensor-parallel decode step.
+    result.e2e, guard = collective_endtoend.check(
+        groups, watch, workloads=workloads, kernel_results=result.workloads,
+        device=result.device, secret_seed=result.seed, budget_s=budget_s,
+        meaningful=result.timing_meaningful, say=say)
+    result.guards.append(guard)
+    say(f"end to end: {guard.detail}")
 
 
 def _time(op: Op, groups: dict[str, RankGroup], workload: Workload, watch: RanksWatch,
           secret_seed: int, *, budget_s: float) -> tuple[dict[str, list[float]], list[str]]:
-    """Alternating rounds, baseline then candidate, until the budget is spent: whatever
-    slows the machine meanwhile slows both sides alike. A round is SAMPLES_PER_ROUND
-    calls on every rank, each a request of the judge's to every rank (which lines them
-    up) and each on inputs of its own, new every round (drawn from the secret seed, so
-    no call's input was seen before: a result kept from an earlier call is stale). Its
-    sample is the judge's own clock, from each request's first byte out to the last
-    rank's reply in, averaged over the round's calls: the collective is done when its
-    slowest rank is, and no rank's word on its own speed is taken (its process runs
-    candidate code). After a secret sample of rounds, and after the last, the judge
-    reads back every output of the candidate's round on every rank and checks it
-    against the exact sum: a rank that skipped work while timed is wrong.
+    """The op's own calls at one workload, in alternating rounds (rank_timing): each
+    call's input drawn from the secret seed, new every round, and every output read
+    checked against its exact sum. Returns the times and what was wrong in the timed
+    outputs read."""
+    def draw(round_number: int) -> Round:
+        calls = [op.make_inputs(workload, derive_seed(secret_seed, "timing", workload.name,
+                                                      round_number, call), DISTRIBUTIONS[0])
+                 for call in range(SAMPLES_PER_ROUND)]
 
-    Returns the times and what was wrong in the timed outputs read."""
-    times: dict[str, list[float]] = {BASELINE: [], CANDIDATE: []}
-    wrong: list[str] = []
+        def check(call: int, output: Any) -> tuple[bool, str]:
+            inputs = calls[call]
+            return (op.check(output, op.reference(inputs), inputs) if output is not None
+                    else (False, "forward returned no tensor"))
+
+        return Round(torch.stack([inputs["x"] for inputs in calls], dim=1), check)  # (rank, call, ...)
+
     # The judge's own draw of the rounds it reads, from a seed the ranks never see.
     picker = np.random.default_rng(derive_seed(secret_seed, "timed outputs", workload.name))
-    started = time.monotonic()
-    rounds = 0
-    while rounds < MIN_ROUNDS or (time.monotonic() - started < budget_s and rounds < MAX_ROUNDS):
-        calls = [op.make_inputs(workload, derive_seed(secret_seed, "timing", workload.name,
-                                                      rounds, call), DISTRIBUTIONS[0])
-                 for call in range(SAMPLES_PER_ROUND)]
-        shares = torch.stack([inputs["x"] for inputs in calls], dim=1)  # (rank, call, ...)
-        during = f"timing {workload.name}"
-        for role, group in groups.items():
-            group.prepare_round(shares)
-            if role == CANDIDATE:
-                watch.traffic(group.traffic(), f"between requests, before {during}")
-            spent_ns = 0
-            for call in range(SAMPLES_PER_ROUND):
-                sent = time.perf_counter_ns()
-                answers = group.ask("time", during, index=call)
-                spent_ns += time.perf_counter_ns() - sent
-                if role == CANDIDATE:
-                    for rank, (header, _) in enumerate(answers):
-                        watch.calls += 1
-                        watch.note(rank, header, during)
-            times[role].append(spent_ns / 1e6 / SAMPLES_PER_ROUND)
-            if role == CANDIDATE:
-                watch.traffic(group.traffic(), during)
-        rounds += 1
-        if picker.random() < REVALIDATE_RATE:
-            wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)
-            if wrong:
-                return times, wrong
-    # The last round's outputs, whatever the draw: the candidate's ranks still hold them.
-    wrong += _timed_outputs(op, groups[CANDIDATE], workload, calls, rounds)
-    return times, wrong
-
-
-def _timed_outputs(op: Op, candidate: RankGroup, workload: Workload,
-                   calls: list[dict[str, torch.Tensor]], round_number: int) -> list[str]:
-    """Every output of the candidate's last round, on every rank, against its exact sum."""
-    wrong = []
-    answers = candidate.ask("outputs", f"reading timed outputs of {workload.name}")
-    for rank, (_, tensors) in enumerate(answers):
-        for call, inputs in enumerate(calls):
-            output = tensors.get(f"output_{call}")
-            ok, detail = (op.check(output, op.reference(inputs), inputs) if output is not None
-                          else (False, "forward returned no tensor"))
-            if not ok:
-                wrong.append(f"{workload.name}, timed round {round_number} call {call + 1}, "
-                             f"rank {rank}: {detail}")
-    return wrong
+    return time_rounds(groups, watch, label=workload.name, budget_s=budget_s, draw=draw,
+                       picker=picker)

@@ -23,7 +23,7 @@ on cuda), at each declared batch size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -118,11 +118,11 @@ def check(
         measured.append((point, times))
         say(f"timed the decode step at {point.label}: {len(times[CANDIDATE].reported)} samples a side")
     steps = op.decode_steps[device] if op.decode_steps else None
-    report = _report(measured, secret_seed=secret_seed, device=device, meaningful=meaningful,
-                     steps=steps)
-    for row, (point, _) in zip(report["points"], measured, strict=True):
+    found = _report(measured, secret_seed=secret_seed, device=device, meaningful=meaningful,
+                    steps=steps)
+    for row, (point, _) in zip(found["points"], measured, strict=True):
         row["output_difference"] = differences[point]
-    return report, _guard(report, workloads, kernel_results)
+    return found, guard(found, workloads, kernel_results)
 
 
 def _output_bound(point: Point, device: str) -> int:
@@ -145,9 +145,9 @@ def step_output_difference(outputs: Mapping[str, Any], point: Point) -> tuple[fl
     if candidate is None:
         return None, Guard("e2e", "fail", f"the output of {where} with the candidate dispatched "
                                           "could not be read where its reply said it was")
-    if _beyond(_sequence_differences(control, baseline)):
+    if _beyond(sequence_differences(control, baseline)):
         return None, None  # the kept kernel's own step differs from itself: not comparable
-    differences = _sequence_differences(candidate, baseline)
+    differences = sequence_differences(candidate, baseline)
     median = float(np.median(differences))
     if _beyond(differences):
         far = sum(d > STEP_OUTPUT_DIFFERENCE for d in differences)
@@ -166,9 +166,10 @@ def _beyond(differences: list[float]) -> bool:
     return 2 * sum(d > STEP_OUTPUT_DIFFERENCE for d in differences) > len(differences)
 
 
-def _sequence_differences(found: torch.Tensor, expected: torch.Tensor) -> list[float]:
-    """Each sequence's (row's) relative L2 distance; infinite for every one where the
-    outputs are of other shapes or dtypes, or the found one is not finite."""
+def sequence_differences(found: torch.Tensor, expected: torch.Tensor) -> list[float]:
+    """Each sequence's (row's: the first dimension's) relative L2 distance; infinite for
+    every one where the outputs are of other shapes or dtypes, or the found one is not
+    finite."""
     rows = expected.shape[0] if expected.dim() > 1 else 1
     if found.shape != expected.shape or found.dtype != expected.dtype:
         return [math.inf] * rows
@@ -193,27 +194,35 @@ def _call_failed(failure: CallFailed, point: Point) -> Guard:
 
 def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool,
             steps: int | None = None) -> dict[str, Any]:
-    """The e2e JSON; with `steps` (a decode loop's steps per call), each point also in
-    decode tokens per second (batch × steps per call)."""
+    """The e2e JSON of the single-process step: each point's floor from its own A/A pair."""
     rngs = [np.random.default_rng(derive_seed(secret_seed, "e2e-bootstrap", p.context_length, p.batch))
             for p, _ in measured]
-    graphs = device == "cuda"
     floors = noise_floors([(t[BASELINE].reported, t[CONTROL].reported) for _, t in measured], rngs=rngs,
                           minimum=MIN_NOISE_FLOOR[device])
+    # Both baseline processes are the baseline, as in the kernel timing.
+    return report([(point, times[BASELINE].reported + times[CONTROL].reported, times[CANDIDATE].reported)
+                   for point, times in measured],
+                  floors=[floor.floor for floor in floors], rngs=rngs, secret_seed=secret_seed,
+                  meaningful=meaningful, graphs=device == "cuda", steps=steps)
+
+
+def report(samples: Sequence[tuple[Point, Sequence[float], Sequence[float]]], *,
+           floors: Sequence[float], rngs: Sequence[np.random.Generator], secret_seed: int,
+           meaningful: bool, graphs: bool, steps: int | None = None) -> dict[str, Any]:
+    """The e2e JSON from each point's samples (ms per call: the baseline's, the
+    candidate's), its noise floor and its bootstrap's generator; with `steps` (a decode
+    loop's steps per call), each point also in decode tokens per second (batch × steps
+    per call). `graphs`: whether each call was a CUDA-graph replay."""
     rows = []
-    pooled = []
-    for (point, times), floor, rng in zip(measured, floors, rngs, strict=True):
-        # Both baseline processes are the baseline, as in the kernel timing.
-        baseline = times[BASELINE].reported + times[CONTROL].reported
-        found = compare(baseline, times[CANDIDATE].reported, rng=rng, noise=floor.floor)
-        pooled.append((baseline, times[CANDIDATE].reported))
+    for (point, baseline, candidate), floor, rng in zip(samples, floors, rngs, strict=True):
+        found = compare(baseline, candidate, rng=rng, noise=floor)
         rows.append({
             "context_length": point.context_length, "batch": point.batch,
             "baseline_ms": found.baseline_ms, "candidate_ms": found.candidate_ms,
             "delta_pct": 100 * (found.candidate_ms / found.baseline_ms - 1),
             "significant": found.significant and meaningful,
-            "p_value": found.p_value, "noise_floor_pct": 100 * floor.floor,
-            "samples": len(times[CANDIDATE].reported),
+            "p_value": found.p_value, "noise_floor_pct": 100 * floor,
+            "samples": len(candidate),
         })
         if steps is not None:
             tokens = point.batch * steps
@@ -222,7 +231,8 @@ def _report(measured: list, *, secret_seed: int, device: str, meaningful: bool,
                             candidate_tokens_per_s=tokens / (found.candidate_ms / 1e3))
     # The headline is the geometric mean over the points (every declared size weighs the
     # same); each point is in `points`, with its own significance.
-    total = combined_delta(pooled, rng=np.random.default_rng(derive_seed(secret_seed, "e2e-combined")))
+    total = combined_delta([(baseline, candidate) for _, baseline, candidate in samples],
+                           rng=np.random.default_rng(derive_seed(secret_seed, "e2e-combined")))
     return {
         "baseline_ms": total.baseline_ms, "candidate_ms": total.candidate_ms,
         "delta_pct": 100 * total.delta,
@@ -244,11 +254,16 @@ def _kernel_win(point: dict[str, Any], workloads: list[Workload],
     return max((r for _, r in wins), key=lambda r: r.speedup, default=None)
 
 
-def _guard(report: dict[str, Any], workloads: list[Workload], results: list[WorkloadResult]) -> Guard:
+def guard(report: dict[str, Any], workloads: list[Workload], results: list[WorkloadResult]) -> Guard:
+    """The `e2e` guard of a timed step: it fails where the step is significantly slower
+    end to end though the kernel won, and warns where neither won. The step is named by
+    the report's `step` where it has one (the tensor-parallel step's), else "decode step";
+    its floor is an A/A pair's where the report says so (`aa_floor`)."""
+    name = report.get("step", "decode step")
     slower = [p for p in report["points"] if p["significant"] and p["delta_pct"] > 0]
     if slower:
         worst = max(slower, key=lambda p: p["delta_pct"])
-        step = (f"the decode step is {worst['delta_pct']:.1f}% slower end to end at "
+        step = (f"the {name} is {worst['delta_pct']:.1f}% slower end to end at "
                 f"ctx={worst['context_length']}, batch {worst['batch']}: {worst['candidate_ms']:.3g} ms "
                 f"vs {worst['baseline_ms']:.3g} ms (p={worst['p_value']:.2g})")
         win = _kernel_win(worst, workloads, results)
@@ -259,17 +274,18 @@ def _guard(report: dict[str, Any], workloads: list[Workload], results: list[Work
     count = len(report["points"])
     faster = [p for p in report["points"] if p["significant"] and p["delta_pct"] < 0]
     floor = max(p["noise_floor_pct"] for p in report["points"])
+    floor_name = "A/A noise floor" if report.get("aa_floor", True) else "the device's noise floor"
     verdict = (f"significantly faster at {len(faster)} of {count} points" if faster
-               else f"no significant change at any point (A/A noise floor up to {floor:.2g}%)")
+               else f"no significant change at any point ({floor_name} up to {floor:.2g}%)")
     return Guard("e2e", "pass", (
-        f"decode step {report['delta_pct']:+.1f}% end to end ({report['candidate_ms']:.3g} ms vs "
+        f"{name} {report['delta_pct']:+.1f}% end to end ({report['candidate_ms']:.3g} ms vs "
         f"{report['baseline_ms']:.3g} ms, " + (f"geometric mean over {count} points" if count > 1 else
                                                f"ctx={report['points'][0]['context_length']}, "
                                                f"batch {report['points'][0]['batch']}")
         + f"; 95% CI "
         f"[{low:+.1f}%, {high:+.1f}%]); {verdict}"
         + (_tokens(report) if report.get("decode_steps") else "")
-        + ("; CUDA graphs" if report["graphs"] else "; eager CPU step")))
+        + ("; CUDA graphs" if report["graphs"] else "; eager")))
 
 
 def _tokens(report: dict[str, Any]) -> str:

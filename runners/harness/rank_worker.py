@@ -13,7 +13,11 @@ baseline and the candidate each in a jail of its own shared by its ranks (runner
    candidate and calls its `setup(comm)` if it has one;
 4. answers requests until the judge closes the pipe: one forward call per request, the
    judge's request to every rank being what lines the ranks up (the harness has no
-   process group of its own, so the jail's network carries only the side's).
+   process group of its own, so the jail's network carries only the side's);
+5. for the end-to-end check, builds the tensor-parallel decode step
+   (runners.e2e.tensor_parallel) from the shard of its weights the judge sends it, with
+   the forward as the all-reduce between its layers; a request then runs one call of
+   the step (`run: "step"`) where it would run one forward call.
 
 It is given its own rank's tensor only, never its peers' and never the seed: a rank can
 have the sum only by moving data. Around every forward it counts the collectives of
@@ -42,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from runners.e2e.tensor_parallel import TensorParallelDecode, TensorParallelShape
 from runners.harness import imports, sandbox, wire
 from runners.harness.candidate import CandidateError, load_candidate, one_line
 
@@ -151,6 +156,7 @@ class Rank:
         # from one it does not ask after.
         self.round_inputs: list[torch.Tensor] = []
         self.round_outputs: dict[int, Any] = {}
+        self.step: TensorParallelDecode | None = None
 
     def reply(self, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
         header = {**header, "refused": self.sandbox.new_refusals() if hasattr(self, "sandbox") else []}
@@ -209,9 +215,16 @@ class Rank:
         self.reply({"ok": True, "environment": environment_changes(self.environment)})
         self.serve()
 
-    def call(self, x: torch.Tensor) -> tuple[Any, dict[str, Any]]:
+    def call(self, x: torch.Tensor, run: str = "forward") -> tuple[Any, dict[str, Any]]:
+        """One forward call on x, or (`run` "step") one call of the decode step from the
+        token batch x, with the collectives it ran."""
         def once() -> Any:
-            output = self.forward(x, self.comm)
+            if run == "forward":
+                output = self.forward(x, self.comm)
+            elif run == "step" and self.step is not None:
+                output = self.step(x)
+            else:
+                raise RuntimeError(f"no {run!r} to run (forward, or step once it is built)")
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             return output
@@ -244,10 +257,13 @@ class Rank:
                 self.inputs.pop(slot, None)
                 self.reply({"ok": True})
                 continue
+            if do == "build_step":
+                self.build_step(request, tensors)
+                continue
             try:
                 if do == "check":
                     x = self.inputs[slot]
-                    output, collectives = self.call(x)
+                    output, collectives = self.call(x, request.get("run", "forward"))
                     self.reply({"ok": True, "collectives": collectives,
                                 "environment": environment_changes(self.environment),
                                 "is_tensor": isinstance(output, torch.Tensor)},
@@ -257,7 +273,8 @@ class Rank:
                     # One timed call of the round: its own input, its output kept for the
                     # judge, who may read the round's outputs once it is over.
                     index = request.get("index")
-                    output, collectives = self.call(self.round_inputs[index])
+                    output, collectives = self.call(self.round_inputs[index],
+                                                    request.get("run", "forward"))
                     self.round_outputs[index] = output
                     self.reply({"ok": True, "collectives": collectives,
                                 "environment": environment_changes(self.environment)})
@@ -265,6 +282,20 @@ class Rank:
                     self.reply({"ok": False, "error": f"unknown request {do!r}"})
             except BaseException as error:
                 self.reply({"ok": False, "error": f"forward raised {one_line(error)}"})
+
+    def build_step(self, request: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """The decode step from this rank's shard alone: every all-reduce between its
+        layers is the forward loaded (the candidate's, or the baseline's)."""
+        try:
+            self.step = TensorParallelDecode(
+                TensorParallelShape(**request["shape"]),
+                {name: tensor.to(self.device) for name, tensor in tensors.items()},
+                world_size=self.comm.world_size,
+                all_reduce=lambda partial: self.forward(partial, self.comm))
+        except (KeyError, TypeError, ValueError) as error:
+            self.reply({"ok": False, "error": f"the decode step could not be built: {one_line(error)}"})
+            return
+        self.reply({"ok": True})
 
 
 def main() -> None:
