@@ -66,9 +66,18 @@ else
   echo "CuTe DSL: $(ls "$cutedsl"/piece.* 2>/dev/null | wc -l) of 3 pieces here, not unpacked" >&2
 fi
 
+# DeepGEMM's _C names no C++ runtime it needs (ldd lists only libgcc_s), so its C++
+# symbols resolve to whichever definitions the process loaded first, and on these hosts
+# those are not the system libstdc++'s that built it: its first JIT call died in
+# std::regex's constructor (IncludeParser::get_includes; a bracket matcher calling
+# through a wrong facet, `__codecvt_utf16_base::do_unshift`), every case of
+# bench/h200/deepgemm_smoke.py (seen on the H200, traced on an H100 with a preloaded
+# SIGSEGV backtrace). With the system's libstdc++ preloaded every case runs.
+stdcxx=$(g++ -print-file-name=libstdc++.so.6 2>/dev/null || true)
 joined=$(IFS=:; echo "${paths[*]:-}")
 cat > /opt/refs.env <<EOF
 export CUDA_HOME=$cuda_home
 export PYTHONPATH=${joined:+$joined:}$root\${PYTHONPATH:+:\$PYTHONPATH}
+${stdcxx:+export LD_PRELOAD=$(readlink -f "$stdcxx")}
 EOF
 cat /opt/refs.env

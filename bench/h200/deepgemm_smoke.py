@@ -22,7 +22,10 @@ Each case runs under each --variants entry, which tells the likely causes apart 
   plain       as a user would run it;
   big_stack   an unlimited stack (a deep recursion, e.g. in std::regex, dies of the
               8 MiB default);
-  nvrtc       DeepGEMM's JIT through NVRTC instead of nvcc (DG_JIT_USE_NVRTC=1).
+  nvrtc       DeepGEMM's JIT through NVRTC instead of nvcc (DG_JIT_USE_NVRTC=1);
+  no_preload  without the LD_PRELOAD of the system's libstdc++ that /opt/refs.env sets
+              (bench/h200/build_references.sh says why: without it every case died in
+              std::regex's constructor, at DeepGEMM's first JIT call).
 
 C's stdout is line-buffered (`stdbuf -oL`), so DeepGEMM's own debug lines up to a crash
 are kept. Prints one line per case and variant: ok (with the output's shape and a
@@ -76,6 +79,7 @@ VARIANTS = {
     "plain": ({}, None),
     "big_stack": ({}, lambda: resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY,) * 2)),
     "nvrtc": ({"DG_JIT_USE_NVRTC": "1"}, None),
+    "no_preload": ({"LD_PRELOAD": None}, None),
 }
 REPORT = """
 torch.cuda.synchronize()
@@ -99,7 +103,8 @@ def main() -> None:
             name = f"{case} ({variant})"
             try:
                 done = subprocess.run([*line_buffered, sys.executable, "-c", CASES[case] + REPORT],
-                                      env={**env, **extra_env}, preexec_fn=before, capture_output=True, text=True,
+                                      env={name: value for name, value in {**env, **extra_env}.items() if value is not None},
+                                      preexec_fn=before, capture_output=True, text=True,
                                       timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 summary.append(f"{name}: no answer in {args.timeout:g} s")
