@@ -24,6 +24,13 @@ HARDWARE: dict[str, Hardware] = {
 
 HARDWARE_CHOICES = [(key, hw.label) for key, hw in HARDWARE.items()]
 
+
+def gpu_class(gpu_name: str) -> str | None:
+    """The GPU class a card's name belongs to ("NVIDIA H100 80GB HBM3" -> "h100"), or None."""
+    squeezed = gpu_name.lower().replace(" ", "")
+    found = [key for key, hw in HARDWARE.items() if hw.device == "cuda" and key in squeezed]
+    return found[0] if len(found) == 1 else None
+
 MODEL_CONTEXTS = [
     ("none", "No model context"),
     ("deepseek-v3.2", "DeepSeek-V3.2 (sparse attention, MLA, MoE)"),

@@ -20,7 +20,7 @@ from django.db import transaction
 from research import candidates, sweeps
 import workspace
 from research.events import event_append
-from research.hardware import HARDWARE
+from research.hardware import HARDWARE, gpu_class
 from research.models import ApiToken, Sweep, Thesis
 from research.provenance import import_provenance
 from runners import ops, space
@@ -81,6 +81,13 @@ def _hardware_for(header: dict, thesis: Thesis, hardware: str | None) -> str:
     if HARDWARE[hardware].device != device:
         raise ValidationError({"hardware": (
             f"the results were measured on {device}; {hardware} is a {HARDWARE[hardware].device} class")})
+    # The file names the GPU it ran on ("NVIDIA H100 80GB HBM3"): an H100's numbers filed
+    # as an H200's would set the H200's path, leaderboard and dispatch from another card.
+    measured_on = str(header.get("hardware") or "")
+    if device != "cpu" and gpu_class(measured_on) != hardware:
+        raise ValidationError({"hardware": (
+            f"the results were measured on {measured_on or 'an unnamed GPU'}, not on {HARDWARE[hardware].label}; "
+            f"import them as that card's class")})
     return hardware
 
 

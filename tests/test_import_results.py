@@ -170,6 +170,25 @@ def test_importing_the_same_file_twice_is_refused_and_writes_nothing_more(result
     assert (Sweep.objects.count(), Candidate.objects.count(), Event.objects.count()) == counts
 
 
+def test_results_from_another_gpu_than_the_hardware_class_are_refused(results_path, thesis, user, tmp_path):
+    """An H100's numbers filed as an H200's would move the H200's path and dispatch."""
+    header, *lines = [json.loads(line) for line in results_path.read_text().splitlines()]
+    moved = tmp_path / "h100.jsonl"
+    moved.write_text("\n".join(json.dumps(record) for record in [
+        {**header, "device": "cuda", "hardware": "NVIDIA H100 80GB HBM3"},
+        *({**line, "result": {**line["result"], "device": "cuda"}} for line in lines)]) + "\n")
+    thesis.hardware = "h200"
+    thesis.save()
+    with pytest.raises(CommandError, match="measured on NVIDIA H100 80GB HBM3, not on NVIDIA H200"):
+        call_command("import_results", str(moved), thesis=thesis.pk, user=user.username)
+    with pytest.raises(CommandError, match="measured on NVIDIA H100 80GB HBM3, not on NVIDIA H200"):
+        call_command("import_results", str(moved), thesis=thesis.pk, user=user.username, hardware="h200")
+    assert not Sweep.objects.exists()
+    # As the H100's class, the card it ran on, it imports.
+    call_command("import_results", str(moved), thesis=thesis.pk, user=user.username, hardware="h100")
+    assert Sweep.objects.get().hardware == "h100"
+
+
 def test_the_same_results_under_another_run_id_or_spelling_are_refused_too(results_path, thesis, user, tmp_path):
     call_command("import_results", str(results_path), thesis=thesis.pk, user=user.username)
     header, *lines = [json.loads(line) for line in results_path.read_text().splitlines()]

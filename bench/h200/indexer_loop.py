@@ -1,4 +1,4 @@
-"""The indexer's H200 results through the product's own loop: theses, imported sweeps,
+"""The indexer's GPU results through the product's own loop: theses, imported sweeps,
 a reviewer's decisions, the path chart.
 
     .venv/bin/python bench/h200/indexer_loop.py [--results docs/benchmarks/h200]
@@ -6,12 +6,13 @@ a reviewer's decisions, the path chart.
 
 In a fresh database and kernel workspace of its own (bench/_common.py), as a team would:
 an author files one thesis per (op, kernel DSL); the results files the harness wrote on
-the H200 (`python -m runners.harness sweep ... --out FILE`, bench/h200/indexer_round.py)
+an H200 or an H100 (`python -m runners.harness sweep ... --out FILE`, bench/h200/indexer_round.py)
 are imported as that author's sweeps (`manage.py import_results` does the same); a
 second user with the reviewer permission decides every win through reviews.services,
 as the review page does: per op the fastest win by its geometric-mean speedup is kept
 with the dispatch range its result proposes, every other win is reverted as
-superseded. The wins are imported and this installation has no H200 worker to verify
+superseded; each card's results are its own class's theses (the file names the GPU).
+The wins are imported and this installation has no GPU worker to verify
 them, so the keep is the two-reviewer "keep unverified": the reviewer asks, a third
 user confirms, and the path chart marks it. The path chart is the figure the /paths/ page draws (reviews.charts),
 rendered by Chromium to a PNG.
@@ -100,6 +101,7 @@ def main() -> None:
         from django.contrib.auth.models import Permission
 
         import workspace
+        from research.hardware import gpu_class
         from research.importing import results_import
         from research.models import Candidate
         from research.theses import thesis_submit
@@ -119,18 +121,23 @@ def main() -> None:
         # Oldest first: the order the results came in is the path's order.
         for path in sorted(files, key=lambda p: json.loads(p.open().readline())["started_at"]):
             header = json.loads(path.open().readline())
-            key = (header["op"], header["dsl"])
+            # The card the file says it ran on: an H100's results are the H100's sweeps.
+            hardware = gpu_class(header["hardware"])
+            if hardware is None:
+                sys.exit(f"{path}: ran on {header['hardware']!r}, which is no GPU class here")
+            key = (header["op"], header["dsl"], hardware)
             if key not in theses:
-                title, idea = THESES[key]
+                title, idea = THESES[key[:2]]
                 theses[key] = thesis_submit(
-                    author=author, title=title, idea=idea, op=header["op"], hardware="h200",
+                    author=author, title=title, idea=idea, op=header["op"], hardware=hardware,
                     required_dsl=header["dsl"], context_lengths=header["context_lengths"],
                     batch_sizes=header["batch_sizes"])
             sweeps.append(results_import(thesis=theses[key], imported_by=author, data=path.read_bytes()))
 
         report = []
-        for op in sorted({key[0] for key in theses}):
-            wins = list(Candidate.objects.filter(sweep__in=sweeps, sweep__thesis__op=op, verdict="win")
+        for op, hardware in sorted({(key[0], key[2]) for key in theses}):
+            wins = list(Candidate.objects.filter(sweep__in=sweeps, sweep__thesis__op=op,
+                                                 sweep__thesis__hardware=hardware, verdict="win")
                         .select_related("sweep").order_by("-geomean_speedup"))
             for rank, candidate in enumerate(wins):
                 # Sorted: PostgreSQL's jsonb keeps keys in its own order, SQLite in the file's.
@@ -139,18 +146,18 @@ def main() -> None:
                     dispatch = candidate.result.get("dispatch") or {}
                     reviews.candidate_keep_unverified_request(
                         candidate=candidate, reviewer=reviewer, commit=candidate.commit,
-                        comment="The fastest win for this op on the H200; every guard passed. "
-                                "No H200 worker here to verify it.",
+                        comment=f"The fastest win for this op on the {hardware.upper()}; every guard passed. "
+                                f"No {hardware.upper()} worker here to verify it.",
                         dispatch_min=dispatch.get("min"), dispatch_max=dispatch.get("max"))
                     reviews.candidate_keep(candidate=candidate, reviewer=confirmer, commit=candidate.commit,
                                            confirm_unverified=True)
-                    report.append(f"{op}: kept {label}, geomean {candidate.geomean_speedup:.2f}x, "
+                    report.append(f"{op} on {hardware}: kept {label}, geomean {candidate.geomean_speedup:.2f}x, "
                                   f"dispatch {dispatch.get('summary', 'none')} (unverified, two reviewers)")
                 else:
                     reviews.candidate_revert(
                         candidate=candidate, reviewer=reviewer, commit=candidate.commit,
                         comment=f"Superseded: {wins[0].sweep.kernel} is faster at every context here.")
-                    report.append(f"{op}: reverted {label}, geomean {candidate.geomean_speedup:.2f}x")
+                    report.append(f"{op} on {hardware}: reverted {label}, geomean {candidate.geomean_speedup:.2f}x")
         args.chart.parent.mkdir(parents=True, exist_ok=True)
         render_png(charts.path_figure(selectors.path_points()), args.chart)
         report.append(f"path chart: {args.chart}")
