@@ -151,7 +151,7 @@ def test_a_step_that_cannot_be_captured_is_told_as_breaking_graph_capture():
     # CUDA graphs need a GPU; what the judge makes of the child's "capture" answer does not.
     failure = CallFailed("capture", "RuntimeError: operation not permitted when stream is capturing",
                          during="building the decode step at ctx=4096, batch 64")
-    guard = endtoend._call_failed(failure, Point(4096, 64))
+    guard = endtoend.call_failed(get_op("dsa_indexer_topk"), failure, Point(4096, 64))
     assert (guard.name, guard.status) == ("e2e", "fail")
     assert guard.detail == ("breaks CUDA-graph capture of the decode step: RuntimeError: operation "
                             "not permitted when stream is capturing (the decode step at ctx=4096, batch 64)")
@@ -206,3 +206,18 @@ def test_the_paged_op_decodes_for_many_steps_and_reports_tokens_per_second():
     guard = _e2e_guard(result)
     assert f"decode loop of {steps} steps a call at ctx<=2048, batch 8" in guard.detail
     assert "tokens/s against" in guard.detail
+
+
+def test_a_decode_loop_that_could_not_run_denies_the_win_where_a_server_runs_it():
+    """The paged ops' end-to-end check is the decode loop a server runs: when a baseline
+    process fails in it (on an H100, out of memory at 64 sequences), the judge has not
+    seen the kernel as served, and no win stands. For the synthetic step of the other
+    ops it stays a warning."""
+    failure = CallFailed("call", "OutOfMemoryError: CUDA out of memory", role="baseline",
+                         during="building the decode step at ctx=4096, batch 64")
+    served = endtoend.call_failed(get_op("dsa_indexer_topk_paged_fp8"), failure, Point(4096, 64))
+    assert (served.name, served.status) == ("e2e", "fail")
+    assert served.detail == ("the end-to-end check could not run: the baseline process failed building the "
+                             "decode step at ctx=4096, batch 64: OutOfMemoryError: CUDA out of memory")
+    synthetic = endtoend.call_failed(get_op("dsa_indexer_topk"), failure, Point(4096, 64))
+    assert (synthetic.name, synthetic.status) == ("e2e", "warn")

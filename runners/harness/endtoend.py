@@ -107,11 +107,11 @@ def check(
                 seed=derive_seed(secret_seed, "e2e", point.context_length, point.batch),
                 budget_s=budget, output_bytes=_output_bound(point, device))
         except CallFailed as failure:
-            return None, _call_failed(failure, point)
+            return None, call_failed(op, failure, point)
         except ChildFailure as failure:
             if failure.role == CANDIDATE:
                 return None, Guard(failure.guard, "fail", failure.detail)
-            return None, Guard("e2e", "warn", f"the end-to-end check could not run: {failure.detail}")
+            return None, not_run(op, failure.detail)
         differences[point], problem = step_output_difference(outputs, point)
         if problem is not None:
             return None, problem
@@ -180,11 +180,19 @@ def sequence_differences(found: torch.Tensor, expected: torch.Tensor) -> list[fl
     return ((found - expected).norm(dim=1) / torch.where(norms > 0, norms, 1.0)).tolist()
 
 
-def _call_failed(failure: CallFailed, point: Point) -> Guard:
+def not_run(op: Op, detail: str) -> Guard:
+    """The e2e guard when the check could not run through no fault of the candidate's
+    (a baseline process failed in it). Where the check is the decode loop a server runs
+    (Op.decode_steps: the serving-faithful ops), no win stands without it, so it fails
+    and the result says why; elsewhere the synthetic step is a second opinion: a warning."""
+    return Guard("e2e", "fail" if op.decode_steps else "warn", f"the end-to-end check could not run: {detail}")
+
+
+def call_failed(op: Op, failure: CallFailed, point: Point) -> Guard:
+    """The guard for a process that answered that the decode step failed."""
     where = f"the decode step at {point.label}"
     if failure.role != CANDIDATE:
-        return Guard("e2e", "warn", f"the end-to-end check could not run: the {failure.role} "
-                                    f"process failed {failure.during}: {failure.error}")
+        return not_run(op, f"the {failure.role} process failed {failure.during}: {failure.error}")
     if failure.kind == "capture":
         return Guard("e2e", "fail", f"breaks CUDA-graph capture of the decode step: {failure.error} ({where})")
     if failure.kind == "memory":

@@ -639,6 +639,10 @@ def _time(run: _Run, checked: Child) -> None:
     if endtoend.dispatched(run.op) and not any(guard.status == "fail" for guard in result.guards):
         # The end-to-end check: only for a candidate still standing after the kernel timing;
         # one rejected before it keeps `e2e: null`.
+        if result.device == "cuda":
+            # The timing's inputs and readings back to the device: every side builds the
+            # whole model's step next, and on an H100 the baseline's ran out of memory.
+            torch.cuda.empty_cache()
         result.e2e, guard = endtoend.check(
             run.op, run.workloads, result.workloads, sides, device=result.device,
             batch_sizes=run.batch_sizes, secret_seed=result.seed, budget_s=run.budget_s,

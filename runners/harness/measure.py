@@ -72,6 +72,10 @@ MAX_BATCH = 32
 # GPU each, until a child's allocation failed. Past it, the readings held so far are
 # checked between two requests (while every child is stopped) and let go.
 OBSERVED_BYTES = 8 * 2**30
+# On a GPU at most this share of its memory: the judge has what three children at a
+# quarter each leave, and on an H100 8 GiB of readings beside a timed set of the paged
+# ops' 128K inputs ran the judge out of memory.
+OBSERVED_SHARE_OF_GPU = 1 / 32
 # Input memory a child is given beyond its largest input set, so that batches of short
 # calls fit side by side (runners.harness.evaluate sizes it with batch_capacity).
 BATCH_ARENA_BYTES = 64 * 2**20
@@ -331,7 +335,7 @@ def measure_workload(
                              TIMING_DISTRIBUTION, reading))
             first = first or (call, reading)
             held[0] += _held_bytes(reading)
-        if not problems and held[0] > OBSERVED_BYTES:
+        if not problems and held[0] > observed_limit(workload.device):
             problems.extend(revalidate(op, workload, observed))
             observed.clear()
             held[0] = 0
@@ -360,6 +364,13 @@ def measure_workload(
         child.request("drop", f"freeing the inputs of {workload.name}", slots=slots)
     return Measurement(times=times, observed=[] if problems else observed,
                        aliasing=aliasing.problem if aliasing is not None else None, problems=problems)
+
+
+def observed_limit(device: str) -> int:
+    """The readings' bytes the judge holds before it checks them (see OBSERVED_BYTES)."""
+    if device != "cuda":
+        return OBSERVED_BYTES
+    return min(OBSERVED_BYTES, int(torch.cuda.get_device_properties(0).total_memory * OBSERVED_SHARE_OF_GPU))
 
 
 def _held_bytes(reading: Observed) -> int:
