@@ -100,26 +100,26 @@ def test_the_h200_results_go_through_import_review_and_the_path_chart(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "h200" / "indexer_loop.py"), "--chart", str(chart)],
                           cwd=ROOT, capture_output=True, text=True, timeout=4 * RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("dsa_indexer_topk: kept logits_topk_cute {'REDUCE': 'scatter', 'ROWS': 4, 'SCHEDULE': 'pingpong', "
+    assert ("dsa_indexer_topk on h200: kept logits_topk_cute {'REDUCE': 'scatter', 'ROWS': 4, 'SCHEDULE': 'pingpong', "
             "'SELECT_THREADS': 1024, 'STAGES': 3}, geomean 13.56x, dispatch candidate at every "
             "measured context length (4K–256K)") in done.stdout
     # The same point swept again after each change to the select (its fixed costs, then
     # the bitmap): one review keeps the newest.
     for older in ("12.38x", "11.73x"):
-        assert ("dsa_indexer_topk: reverted logits_topk_cute {'REDUCE': 'scatter', 'ROWS': 4, 'SCHEDULE': "
+        assert ("dsa_indexer_topk on h200: reverted logits_topk_cute {'REDUCE': 'scatter', 'ROWS': 4, 'SCHEDULE': "
                 f"'pingpong', 'SELECT_THREADS': 1024, 'STAGES': 3}}, geomean {older}") in done.stdout
-    assert done.stdout.count("dsa_indexer_topk: reverted ") == 10
+    assert done.stdout.count("dsa_indexer_topk on h200: reverted ") == 10
     # The head sum on the tensor cores (REDUCE="mma") supersedes the reduce-scatter.
-    assert ("dsa_indexer_topk_fp8: kept logits_topk_fp8_cute {'REDUCE': 'mma', 'ROWS': 4, "
+    assert ("dsa_indexer_topk_fp8 on h200: kept logits_topk_fp8_cute {'REDUCE': 'mma', 'ROWS': 4, "
             "'SCHEDULE': 'roundrobin', 'SELECT_THREADS': 1024, 'STAGES': 6}, geomean 26.64x, dispatch candidate "
             "at every measured context length (4K–256K)") in done.stdout
-    assert ("dsa_indexer_topk_fp8: reverted logits_topk_fp8_cute {'REDUCE': 'mma', 'ROWS': 4, "
+    assert ("dsa_indexer_topk_fp8 on h200: reverted logits_topk_fp8_cute {'REDUCE': 'mma', 'ROWS': 4, "
             "'SCHEDULE': 'roundrobin', 'SELECT_THREADS': 1024, 'STAGES': 6}, geomean 23.89x") in done.stdout
-    assert ("dsa_indexer_topk_fp8: reverted logits_topk_fp8_cute {'REDUCE': 'scatter', 'ROWS': 4, "
+    assert ("dsa_indexer_topk_fp8 on h200: reverted logits_topk_fp8_cute {'REDUCE': 'scatter', 'ROWS': 4, "
             "'SCHEDULE': 'roundrobin', 'SELECT_THREADS': 1024, 'STAGES': 6}, geomean 22.37x") in done.stdout
-    assert ("dsa_indexer_topk_fp8: reverted logits_topk_fp8_cute {'ROWS': 4, 'SCHEDULE': 'pingpong', "
+    assert ("dsa_indexer_topk_fp8 on h200: reverted logits_topk_fp8_cute {'ROWS': 4, 'SCHEDULE': 'pingpong', "
             "'SELECT_THREADS': 1024, 'STAGES': 6}, geomean 10.53x") in done.stdout
-    assert "dsa_indexer_topk_fp8: reverted fused_logits_fp8_triton" in done.stdout
+    assert "dsa_indexer_topk_fp8 on h200: reverted fused_logits_fp8_triton" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
 
 

@@ -552,3 +552,17 @@ def test_an_import_checks_the_shared_code_its_candidates_ran_with(results_path, 
         call_command("import_results", str(forged), thesis=thesis.pk, user=user.username)
     assert "runners/kernel_lib/norms.py" in str(error.value) and "allow_tf32" in str(error.value)
     assert _nothing_written()
+
+
+def test_a_paged_win_whose_decode_loop_never_ran_is_refused():
+    """The H100 sweep of the paged FP8 kernel (docs/benchmarks/h200/paged_h100_2026-12-05):
+    a `win` whose decode loop could not run, written when the harness counted that as a
+    warning. No win of an op judged in a decode loop stands without the loop's report."""
+    path = Path(__file__).resolve().parents[1] / "docs/benchmarks/h200/paged_h100_2026-12-05/sweep_fp8_to_64k.jsonl"
+    header, line = [json.loads(text) for text in path.read_text().splitlines()]
+    assert (line["result"]["verdict"], line["result"]["e2e"]) == ("win", None)
+    with pytest.raises(results_file.ResultsFileError, match="needs its decode loop's report"):
+        results_file.read(path.read_bytes())
+    # The same result with the loop's report is not refused for it.
+    ran = {**line, "result": {**line["result"], "e2e": {"points": []}}}
+    results_file.read((json.dumps(header) + "\n" + json.dumps(ran) + "\n").encode())

@@ -45,6 +45,11 @@ def _imports(tree: ast.Module, known: set[str]) -> list[tuple[str, str, int, boo
 
     def visit(node: ast.AST, loading: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _for_type_checkers_only(child):
+                # `if TYPE_CHECKING:` never runs: its imports are for annotations alone.
+                visit(ast.Module(body=child.body, type_ignores=[]), False)
+                visit(ast.Module(body=child.orelse, type_ignores=[]), loading)
+                continue
             inner = loading and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import):
                 found.extend((alias.name, "", child.lineno, loading) for alias in child.names
@@ -60,6 +65,12 @@ def _imports(tree: ast.Module, known: set[str]) -> list[tuple[str, str, int, boo
 
     visit(tree, True)
     return found
+
+
+def _for_type_checkers_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _module_aliases(tree: ast.Module, known: set[str]) -> dict[str, str]:
@@ -168,3 +179,14 @@ def test_importing_the_tasks_is_caught_and_a_load_time_circle_is_named():
     assert layer_violations(sources) == [
         "research.candidates:2 imports research.tasks (send tasks by name: research.queueing)",
         "import circle at load time: research.agents -> research.sweeps -> research.agents"]
+
+
+def test_an_import_for_type_checkers_only_makes_no_load_time_circle():
+    typed = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from research.sweeps import Sweep\n"
+             "else:\n    from research import sweeps\n")
+    sources = {"research.agents": typed, "research.sweeps": "from research import agents\nclass Sweep: ...\n"}
+    # The else branch runs at load time, and closes a circle; the TYPE_CHECKING branch never runs.
+    assert layer_violations(sources) == [
+        "import circle at load time: research.agents -> research.sweeps -> research.agents"]
+    sources["research.agents"] = typed.split("else:")[0]
+    assert layer_violations(sources) == []

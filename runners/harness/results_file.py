@@ -281,7 +281,20 @@ def _check_result(result: Any, header: dict[str, Any]) -> str | None:
     if result["verdict"] == "win" and not (
             result.get("dispatch") and any(w.get("significant") for w in workloads)):
         return "a 'win' needs a dispatch range and a significantly faster workload"
+    if result["verdict"] == "win" and result.get("e2e") is None and _judged_in_a_decode_loop(result["op"]):
+        return (f"a 'win' for {result['op']} needs its decode loop's report ('e2e'): without it "
+                "the kernel was never judged as a server calls it")
     return None
+
+
+def _judged_in_a_decode_loop(op_name: str) -> bool:
+    """Whether the op's end-to-end check is the decode loop a server runs (Op.decode_steps)."""
+    from runners.ops import UnknownOpError, get_op  # the ops load torch: only a win asks
+
+    try:
+        return bool(get_op(op_name).decode_steps)
+    except UnknownOpError:
+        return False  # the importer refuses an op it does not know, with its own words
 
 
 def _walk_problem(value: Any, limit: int) -> str | None:
