@@ -580,7 +580,7 @@ def _judge(op: Op, groups: dict[str, RankGroup], workloads: list[Workload],
         return
     # The end-to-end check, in the same rank groups: a tensor-parallel decode step.
     result.e2e, guard = collective_endtoend.check(
-        groups, watch, workloads=workloads, kernel_results=result.workloads,
+        op, groups, watch, workloads=workloads, kernel_results=result.workloads,
         device=result.device, secret_seed=result.seed, budget_s=budget_s,
         meaningful=result.timing_meaningful, say=say)
     result.guards.append(guard)

@@ -51,7 +51,7 @@ from runners.harness.rank_timing import SAMPLES_PER_ROUND, Round, time_rounds
 from runners.harness.result import Guard, WorkloadResult
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import MIN_NOISE_FLOOR
-from runners.ops import Workload
+from runners.ops import Op, Workload
 
 if TYPE_CHECKING:
     from runners.harness.collective import RankGroup, RanksWatch
@@ -68,7 +68,7 @@ CHECKED_CALLS = 2
 STEP_OUTPUT_TOLERANCE = 0.05
 
 
-def check(groups: Mapping[str, RankGroup], watch: RanksWatch, *, workloads: list[Workload],
+def check(op: Op, groups: Mapping[str, RankGroup], watch: RanksWatch, *, workloads: list[Workload],
           kernel_results: list[WorkloadResult], device: str, secret_seed: int, budget_s: float,
           meaningful: bool, say: Callable[[str], None]) -> tuple[dict[str, Any] | None, Guard]:
     """Builds, checks and times the step on both sides; returns the `e2e` JSON (None when
@@ -100,8 +100,7 @@ def check(groups: Mapping[str, RankGroup], watch: RanksWatch, *, workloads: list
         if failure.role == CANDIDATE:
             return None, Guard("e2e", "fail", f"raises inside {STEP}, while {failure.during}: "
                                               f"{failure.error}")
-        return None, Guard("e2e", "warn", f"the end-to-end check could not run: the baseline "
-                                          f"failed while {failure.during}: {failure.error}")
+        return None, endtoend.not_run(op, f"the baseline failed while {failure.during}: {failure.error}")
     if wrong:
         return None, _wrong(wrong)
     report = _report(shape, times, secret_seed=secret_seed, device=device, meaningful=meaningful,

@@ -309,6 +309,7 @@ def measure_workload(
     last_reply: dict[int, Reply] = {}
     problems: list = []
     held = [0]  # bytes of the readings in `observed`
+    limit = observed_limit(workload.device)
     # Which calls of an observed request are read: the next few of a secret order of the
     # batch's slots, over and over, so that a slot whose graph or answer is wrong is read
     # in the first few observed requests whichever slot it is.
@@ -335,7 +336,7 @@ def measure_workload(
                              TIMING_DISTRIBUTION, reading))
             first = first or (call, reading)
             held[0] += _held_bytes(reading)
-        if not problems and held[0] > observed_limit(workload.device):
+        if not problems and held[0] > limit:
             problems.extend(revalidate(op, workload, observed))
             observed.clear()
             held[0] = 0
