@@ -1,11 +1,16 @@
 """Harness throughput and overhead on the CPU: a 24-point rmsnorm sweep with all checks.
 
-    .venv/bin/python bench/harness_throughput.py [--points 24] [--time-budget 1.0] [--beside DIR]
+    .venv/bin/python bench/harness_throughput.py [--points 24] [--time-budget 1.0] [--beside DIR] [--sweep]
 
 Each point of the `blocked` kernel's SPACE is materialised into a candidate file and
 evaluated exactly as a worker does it: `python -m runners.harness evaluate rmsnorm FILE
 --json` in a fresh process. Reports evaluations per minute and the overhead: wall time
 of an evaluation over the time spent inside timed kernel calls.
+
+`--sweep` runs the first POINTS points as one sweep instead, `python -m runners.harness
+sweep rmsnorm blocked --budget POINTS`, as a GPU host runs one: one judge for every
+candidate, one secret seed, the inputs and references it makes kept across them
+(runners.harness.memo). The wall of the whole command counts, its start included.
 
 `--beside DIR` evaluates every point with the harness in DIR too (another checkout, e.g.
 `git archive BASE | tar -x -C DIR`), the two in turn, each first on every other point,
@@ -56,6 +61,22 @@ def evaluate_point(root: Path, path: Path, time_budget: float) -> tuple[float, f
     return time.monotonic() - began, timed_kernel_ms(result) / 1000, result["verdict"]
 
 
+def sweep_points(root: Path, kernel: str, points: int, time_budget: float) -> tuple[float, list[tuple[float, float, str]]]:
+    """(wall seconds of the whole sweep command, a row per candidate as evaluate_point's)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "results.jsonl"
+        began = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "runners.harness", "sweep", "rmsnorm", kernel, "--strategy", "grid",
+             "--budget", str(points), "--time-budget", str(time_budget), "--out", str(out)],
+            cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, check=True,
+        )
+        wall = time.monotonic() - began
+        lines = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    return wall, [(line["result"]["duration_s"], timed_kernel_ms(line["result"]) / 1000,
+                   line["result"]["verdict"]) for line in lines]
+
+
 def report(label: str, rows: list[tuple[float, float, str]], time_budget: float) -> None:
     walls = [wall for wall, _, _ in rows]
     overheads = [wall / timed for wall, timed, _ in rows if timed > 0]
@@ -74,6 +95,7 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=1.0)
     parser.add_argument("--kernel", default="blocked")
     parser.add_argument("--beside", type=Path, help="another checkout whose harness evaluates every point too")
+    parser.add_argument("--sweep", action="store_true", help="one sweep command for all the points")
     args = parser.parse_args()
     if args.beside is not None and not (args.beside / "runners" / "harness").is_dir():
         sys.exit(f"--beside {args.beside}: no runners/harness there")
@@ -84,6 +106,16 @@ def main() -> None:
         sys.exit(f"the {args.kernel} kernel has only {len(points)} points")
 
     roots = {"this tree": ROOT, **({f"beside ({args.beside})": args.beside.resolve()} if args.beside else {})}
+    if args.sweep:
+        started = time.monotonic()
+        # Each tree's whole sweep, in turn: the second one sees what the first left behind.
+        for label in reversed(roots) if args.beside else roots:
+            wall, found = sweep_points(roots[label], args.kernel, args.points, args.time_budget)
+            print(f"rmsnorm/{args.kernel} sweep ({label}): {len(found)} candidates in {wall:.1f} s, "
+                  f"the command's start included: {60 * len(found) / wall:.2f} evaluations per minute")
+            report(f"  its evaluations ({label})", found, args.time_budget)
+        print(f"{time.monotonic() - started:.1f} s in all")
+        return
     rows: dict[str, list[tuple[float, float, str]]] = {label: [] for label in roots}
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as scratch:

@@ -35,6 +35,8 @@ PLANTED = {
     # matches the row left at zero (about 1 run in 100 draws one).
     "rmsnorm_off_by_one.py": ("correctness", ["of 65,536 values differ", "worst at [63,", "got 0"]),
     "rmsnorm_partial_write.py": ("correctness", ["of 65,536"]),
+    # Alone, no sibling left it a record (tests/test_judge_memo.py: in a sweep neither).
+    "rmsnorm_replays_a_sibling_candidate.py": ("correctness", ["values differ from the reference"]),
     "rmsnorm_nan.py": ("correctness", ["1 of 65,536 output values are NaN or inf"]),
     "rmsnorm_wrong_dtype.py": ("correctness", ["output dtype is torch.float32, expected torch.bfloat16"]),
     # Not "65,536 of 65,536": torch.randn gives an exact 0.0 about once in 2**24 draws,

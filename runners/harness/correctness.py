@@ -31,6 +31,7 @@ import torch
 from runners.harness import arena
 from runners.harness.candidate import one_line
 from runners.harness.children import CallFailed, Reply, Requester, Unreadable
+from runners.harness.memo import NO_MEMO, Memo
 from runners.harness.result import Guard
 from runners.harness.seeds import derive_seed
 from runners.ops import DISTRIBUTIONS, Op, Workload
@@ -92,10 +93,12 @@ def output_bound(inputs: dict[str, Any]) -> int:
 
 
 def expect(op: Op, workload: Workload, seed: int, distribution: str,
-           inputs: dict[str, Any] | None = None) -> Expected:
-    inputs = op.make_inputs(workload, seed, distribution) if inputs is None else inputs
-    reference = op.reference({key: value.clone() if isinstance(value, torch.Tensor) else value
-                              for key, value in inputs.items()})
+           inputs: dict[str, Any] | None = None, *, memo: Memo = NO_MEMO,
+           variant: str = "") -> Expected:
+    """The inputs of `seed` and `distribution` (or `inputs`, which those and `variant`
+    decide, e.g. the nearly repeated call's) and their reference."""
+    inputs = memo.inputs(op, workload, seed, distribution) if inputs is None else inputs
+    reference = memo.reference(op, workload, (seed, distribution, variant), inputs)
     return Expected(inputs, arena.layout(inputs), reference, output_bound(inputs))
 
 
@@ -264,8 +267,8 @@ class CallInputs:
     """The inputs of each checked call, made once: the nearly repeated call's come from
     its seed's and the next seed's, at places drawn from the secret seed."""
 
-    def __init__(self, op: Op, workload: Workload, secret_seed: int) -> None:
-        self.op, self.workload, self.secret_seed = op, workload, secret_seed
+    def __init__(self, op: Op, workload: Workload, secret_seed: int, memo: Memo = NO_MEMO) -> None:
+        self.op, self.workload, self.secret_seed, self.memo = op, workload, secret_seed, memo
         self._made: dict[tuple[str, int], dict[str, Any]] = {}
         self._nearly: dict[str, dict[str, Any]] = {}
 
@@ -273,7 +276,7 @@ class CallInputs:
         key = (distribution, index)
         if key not in self._made:
             seed = derive_seed(self.secret_seed, "correctness", self.workload.name, distribution, index)
-            self._made[key] = self.op.make_inputs(self.workload, seed, distribution)
+            self._made[key] = self.memo.inputs(self.op, self.workload, seed, distribution)
         return self._made[key]
 
     def of(self, call: CheckCall) -> dict[str, Any]:
@@ -309,7 +312,7 @@ REPLAY_ORDER = ((0, FIRST),)
 
 
 def replay_checks(children: list[Requester], feed: Feed, op: Op, workloads: list[Workload], *,
-                  secret_seed: int) -> None:
+                  secret_seed: int, memo: Memo = NO_MEMO) -> None:
     """One checked call of every workload, run in each timing process in turn, outputs
     unread: the three processes start timing from one history (the same allocations in
     the same order leave the heap laid out alike, and where buffers sit relative to each
@@ -317,7 +320,7 @@ def replay_checks(children: list[Requester], feed: Feed, op: Op, workloads: list
     each has run every workload once. Each call's inputs are made and written once."""
     for workload in workloads:
         calls = check_calls(workload, secret_seed, REPLAY_ORDER)
-        made = CallInputs(op, workload, secret_seed)
+        made = CallInputs(op, workload, secret_seed, memo)
         first = made.of(calls[0])
         entries = arena.layout(first)
         feed.write(entries, first)
@@ -343,6 +346,7 @@ def check_correctness(
     progress: Callable[[str], None],
     secret: list[Workload] = (),
     first_passed: Callable[[], None] | None = None,
+    memo: Memo = NO_MEMO,
 ) -> list[Guard]:
     """Guards for output type, untouched inputs, determinism and correctness; stops at
     the first failure. A failed call becomes the guard that explains it. `secret` are
@@ -354,7 +358,7 @@ def check_correctness(
     pending = [first_passed] if first_passed is not None else []
     for workload, order in [*((w, CALL_ORDER) for w in workloads),
                             *((w, SECRET_CALL_ORDER) for w in secret)]:
-        failed = _check_workload(op, child, feed, workload, secret_seed, tallies, order, pending)
+        failed = _check_workload(op, child, feed, workload, secret_seed, tallies, order, pending, memo)
         broken = failed is not None or any(tally.failure for tally in tallies.values())
         progress(f"correctness {workload.name}: {'FAILED' if broken else 'ok'}")
         if broken:
@@ -385,19 +389,21 @@ def check_correctness(
 def _check_workload(op: Op, child: Requester, feed: Feed, workload: Workload, secret_seed: int,
                     tallies: dict[str, _Tally],
                     order: tuple[tuple[int, str], ...] = CALL_ORDER,
-                    first_passed: list[Callable[[], None]] | None = None) -> Guard | None:
+                    first_passed: list[Callable[[], None]] | None = None,
+                    memo: Memo = NO_MEMO) -> Guard | None:
     """`first_passed`: callbacks to call (and empty) once a call passed every check."""
     expected: dict[tuple[str, int, bool], Expected] = {}
     first_output: dict[str, torch.Tensor | None] = {}
     calls = check_calls(workload, secret_seed, order)
-    made = CallInputs(op, workload, secret_seed)
+    made = CallInputs(op, workload, secret_seed, memo)
 
     def expected_of(call: CheckCall) -> Expected:
         # Made when the call comes, not all ahead: a candidate wrong at its first call is
         # rejected after one reference, not a workload's worth.
         key = (call.distribution, call.index, call.kind == NEARLY)
         if key not in expected:
-            expected[key] = expect(op, workload, call.seed, call.distribution, made.of(call))
+            expected[key] = expect(op, workload, call.seed, call.distribution, made.of(call),
+                                   memo=memo, variant=NEARLY if call.kind == NEARLY else "")
         return expected[key]
 
     try:
@@ -472,12 +478,12 @@ def _replay_problem(op: Op, child: Requester, feed: Feed, expected: Expected, ca
 
 
 def revalidate(op: Op, workload: Workload, observed: list[tuple[int, int, str, Observed]],
-               ) -> list[Guard]:
+               memo: Memo = NO_MEMO) -> list[Guard]:
     """Outputs of timed calls, read at calls the child could not predict: each checked
     against its own inputs' reference. (input seed, call number, distribution, reading)."""
     problems: list[Guard] = []
     for seed, call, distribution, reading in observed:
-        expected = expect(op, workload, seed, distribution)
+        expected = expect(op, workload, seed, distribution, memo=memo)
         outcome = judge_output(op, expected, reading, workload.device)
         where = f"{workload.name}, timed call #{call + 1}"
         for name, problem in outcome.items():

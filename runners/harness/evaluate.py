@@ -43,6 +43,7 @@ from runners.harness.observe import GpuProbe
 from runners.harness.correctness import call_failure, check_correctness, replay_checks, revalidate
 from runners.harness.dispatch import SizedResult, dispatch_range, size_axis
 from runners.harness.machine import machine_state
+from runners.harness.memo import NO_MEMO, Memo
 from runners.harness.measure import (
     CONTROL,
     Measurement,
@@ -222,6 +223,8 @@ class _Run:
     # The shared code (runners.kernel_lib) the candidate and the kept kernel import, as
     # the judge read it: each child imports exactly those bytes (runners.harness.imports).
     shared: imports.Served | None = None
+    # The inputs and references the judge keeps across a sweep's candidates (memo.Memo).
+    memo: Memo = NO_MEMO
 
     def start(self, role: str, path: Path, dsl: str, watch: Watch | None = None) -> Child:
         setup = {
@@ -276,6 +279,7 @@ def evaluate(
     stop_at_static: bool = True,
     lib: str | os.PathLike[str] | None = None,
     baseline_lib: str | os.PathLike[str] | None = None,
+    memo: Memo | None = None,
 ) -> EvaluationResult:
     """Evaluate a candidate file (or "baseline", for an A/A run) against the op's baseline.
 
@@ -289,6 +293,8 @@ def evaluate(
     candidate within `e2e_command_budget_s` seconds (runners.harness.e2e_command).
     `lib` and `baseline_lib` are the lib folders whose shared code the candidate and the
     baseline import (runners.harness.imports; default: the shipped runners/kernel_lib/).
+    `memo` keeps the inputs and references of `seed` for the next candidate that shares
+    it (runners.harness.memo): a sweep passes the same seed and memo to every candidate.
 
     Raises UnknownOpError, WorkloadError or UsageError before anything runs when the
     request itself is wrong; anything wrong with the candidate is a `rejected` verdict.
@@ -348,7 +354,8 @@ def evaluate(
                limits=limits, budget_s=time_budget_s, deadline=started + limits.total_s, say=say,
                static=static, protected_settings=settings,
                batch_sizes=None if batch_sizes is None else sorted(set(batch_sizes)),
-               e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s)
+               e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s,
+               memo=memo or NO_MEMO)
     if stop_at_static and _fails_statically(static, settings):
         # The cascade's first and cheapest stage: the source, read and never run, is
         # rejected before any process starts.
@@ -371,7 +378,7 @@ def evaluate(
         os.sched_setaffinity(0, judge_cores)
     try:
         set_bytes = {workload.name: inputs_arena.stride(inputs_arena.layout(
-            op.make_inputs(workload, 0, DISTRIBUTIONS[0])))
+            run.memo.inputs(op, workload, 0, DISTRIBUTIONS[0])))
             for workload in [*workloads, *run.secret, *(shape.workload for shape in run.new_shapes)]}
         run.input_capacity = batch_capacity(max(set_bytes.values()),
                                             max(set_bytes[workload.name] for workload in workloads))
@@ -508,7 +515,8 @@ def _judge(run: _Run) -> Child | None:
     try:
         result.guards += check_correctness(run.op, candidate, run.workloads, feed=run.feed,
                                            secret_seed=result.seed, progress=say,
-                                           secret=run.secret, first_passed=first_passed)
+                                           secret=run.secret, first_passed=first_passed,
+                                           memo=run.memo)
     except ChildFailure as failure:
         return _fail(result, candidate, Guard(failure.guard, "fail", failure.detail))
     result.correct = not any(guard.status == "fail" for guard in result.guards)
@@ -588,13 +596,13 @@ def _time(run: _Run, checked: Child) -> None:
     for child in (baseline, candidate, control):
         child.wait_loaded()
     replay_checks([baseline, candidate, control], run.feed, run.op, run.workloads,
-                  secret_seed=result.seed)
+                  secret_seed=result.seed, memo=run.memo)
     measured: list[Measurement] = []
     for position, workload in enumerate(run.workloads):
         measurement = measure_workload(run.op, workload, position, sides, feed=run.feed,
                                        secret_seed=result.seed, budget_s=run.budget_s,
-                                       capacity=run.input_capacity)
-        problems = measurement.problems or revalidate(run.op, workload, measurement.observed)
+                                       capacity=run.input_capacity, memo=run.memo)
+        problems = measurement.problems or revalidate(run.op, workload, measurement.observed, run.memo)
         if measurement.aliasing is not None:
             problems.append(Guard("aliasing", "fail", f"{measurement.aliasing} ({workload.name})"))
         if problems:
@@ -606,7 +614,7 @@ def _time(run: _Run, checked: Child) -> None:
         say(f"timed {workload.name}: {len(measurement.times[CANDIDATE].reported)} samples a side")
     first_calls, problems = new_shapes.measure(
         run.op, run.new_shapes, sides,
-        feed=run.feed, secret_seed=result.seed, device=result.device,
+        feed=run.feed, secret_seed=result.seed, device=result.device, memo=run.memo,
         steady={side: {w.name: statistics.median(m.times[side].round_trips) / m.times[side].batch
                        for w, m in zip(run.workloads, measured, strict=True)} for side in sides})
     if problems:

@@ -49,6 +49,7 @@ from runners.harness.children import (BASELINE, CANDIDATE, Child, ChildFailure, 
                                       strided_span)
 from runners.harness.correctness import (Feed, Observed, observe, output_bound, output_facts, prepare,
                                          revalidate)
+from runners.harness.memo import NO_MEMO, Memo
 from runners.harness.seeds import derive_seed
 from runners.harness.stats import (MIN_NOISE_FLOOR, cannot_be_significant, median_ci,
                                    median_ci_relative_width, median_ratio_ci)
@@ -266,11 +267,12 @@ def measure_workload(
     secret_seed: int,
     budget_s: float,
     capacity: int,
+    memo: Memo = NO_MEMO,
 ) -> Measurement:
     """Interleaved samples (ms) until every side's median is known to ±1% or the budget
     is spent. `capacity`: the bytes of input memory each child has, which bounds how many
     input sets a batch can use."""
-    first = op.make_inputs(workload, round_seed(secret_seed, workload, -1), TIMING_DISTRIBUTION)
+    first = memo.inputs(op, workload, round_seed(secret_seed, workload, -1), TIMING_DISTRIBUTION)
     layouts = [arena.layout(first)]
     slots = [f"w{position}:0"]
     for child in children.values():
@@ -281,8 +283,8 @@ def measure_workload(
         # A new input set for every call of every round, made now: no child has seen it
         # or its seed.
         for call, entries in enumerate(layouts):
-            feed.write(entries, op.make_inputs(workload, round_seed(secret_seed, workload, round_number, call),
-                                               TIMING_DISTRIBUTION))
+            feed.write(entries, memo.inputs(op, workload, round_seed(secret_seed, workload, round_number, call),
+                                            TIMING_DISTRIBUTION))
 
     sizing = {side: SideTimes() for side in children}
     _interleave(children, sizing, slots[:1], f"a timed call of {workload.name}", budget_s=0,
@@ -294,7 +296,7 @@ def measure_workload(
     for call in range(1, length):
         layouts.append(arena.shifted(layouts[0], call * arena.stride(layouts[0])))
         slots.append(f"w{position}:{call}")
-        inputs = op.make_inputs(workload, round_seed(secret_seed, workload, -1, call), TIMING_DISTRIBUTION)
+        inputs = memo.inputs(op, workload, round_seed(secret_seed, workload, -1, call), TIMING_DISTRIBUTION)
         for child in children.values():
             prepare(child, feed, slots[call], inputs, f"preparing the timed calls of {workload.name}",
                     entries=layouts[call])
@@ -337,7 +339,7 @@ def measure_workload(
             first = first or (call, reading)
             held[0] += _held_bytes(reading)
         if not problems and held[0] > limit:
-            problems.extend(revalidate(op, workload, observed))
+            problems.extend(revalidate(op, workload, observed, memo))
             observed.clear()
             held[0] = 0
             if workload.device == "cuda":

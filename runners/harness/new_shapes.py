@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from runners.harness.children import BASELINE, CANDIDATE, Child, Reply
 from runners.harness.correctness import Feed, expect, judge_output, observe, prepare
 from runners.harness.measure import CONTROL
+from runners.harness.memo import NO_MEMO, Memo
 from runners.harness.result import Guard
 from runners.harness.seeds import derive_seed
 from runners.ops import Op, Workload, WorkloadError
@@ -146,7 +147,7 @@ def _first_call(child: Child, feed: Feed, inputs: dict, workload: Workload) -> t
 
 def measure(op: Op, shapes: list[NewShape], sides: Mapping[str, Child], *,
             feed: Feed, secret_seed: int, steady: Mapping[str, Mapping[str, float]],
-            device: str) -> tuple[list[FirstCall], list[Guard]]:
+            device: str, memo: Memo = NO_MEMO) -> tuple[list[FirstCall], list[Guard]]:
     """The first call at each new shape in every timing process, and any problem with the
     candidate's output there. `steady` holds each side's median round trip (ms) by
     declared workload name."""
@@ -155,7 +156,7 @@ def measure(op: Op, shapes: list[NewShape], sides: Mapping[str, Child], *,
     for shape in shapes:
         declared, new = shape.declared, shape.workload
         seed = derive_seed(secret_seed, "new shape", new.name)
-        expected = expect(op, new, seed, "normal")
+        expected = expect(op, new, seed, "normal", memo=memo)
         first: dict[str, float] = {}
         for role in (BASELINE, CANDIDATE, CONTROL):
             first[role], reply = _first_call(sides[role], feed, expected.inputs, new)

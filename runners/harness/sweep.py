@@ -27,10 +27,11 @@ import torch
 
 from runners import space
 from runners.harness import dsl as dsls
-from runners.harness import imports, results_file
+from runners.harness import imports, memo, results_file
 from runners.harness.e2e_command import BUDGET_S as E2E_COMMAND_BUDGET_S
 from runners.harness.evaluate import UsageError, evaluate
 from runners.harness.machine import machine_state
+from runners.harness.seeds import draw_secret_seed
 from runners.ops import Op, get_op
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -151,6 +152,10 @@ def sweep(
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     lines = []
+    # One secret seed for every candidate, and what the judge makes from it kept across
+    # them (runners.harness.memo): the sources were all fixed above, before any ran, so
+    # no candidate can be written from what an earlier one's result revealed.
+    judge_seed, remembered = draw_secret_seed(), memo.Memo(memo.limit_bytes(device))
     # "x": refuse an existing file rather than overwrite a finished run's results.
     with open(out, "x", encoding="utf-8") as handle, \
             tempfile.TemporaryDirectory(prefix="sweep-") as scratch:
@@ -165,6 +170,7 @@ def sweep(
                     op.name, candidate, device=device, context_lengths=contexts, batch_sizes=batches,
                     time_budget_s=time_budget_s, progress=say, dsl=dsl, baseline=baseline_path,
                     e2e_command=e2e_command, e2e_command_budget_s=e2e_command_budget_s,
+                    seed=judge_seed, memo=remembered,
                 ).to_dict()
             except UsageError:
                 raise
@@ -174,7 +180,7 @@ def sweep(
             line = {"number": number, "params": point, "source": text, "result": result}
             _append(handle, line)
             lines.append(line)
-            say(f"candidate {number}: {result['verdict']}")
+            say(f"candidate {number}: {result['verdict']} ({remembered.summary()})")
     return lines
 
 

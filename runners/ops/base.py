@@ -7,6 +7,7 @@ candidate, so a candidate cannot shrink the problem or loosen the check.
 
 from __future__ import annotations
 
+import math
 import random
 
 from collections.abc import Iterable, Mapping
@@ -74,26 +75,53 @@ def sample(
     return values.to(dtype)
 
 
+# Elements compared at a time on a CPU: the float64 temporaries of a chunk stay in the
+# cache and are reused, where whole-tensor temporaries (32 MB each at 4096 x 1024) cost
+# a trip to memory and fresh pages at every step: 5.5x faster at 4096 x 1024 on one
+# core (bench/judge_work.py).
+_COMPARE_CHUNK = 1 << 16
+
+
 def compare_close(
     actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float
 ) -> tuple[bool, str]:
-    """Compare every element, so a kernel that computes only part of the output fails."""
-    finite = torch.isfinite(actual)
-    if not bool(finite.all()):
-        bad = int((~finite).sum())
-        return False, f"{bad:,} of {actual.numel():,} output values are NaN or inf"
-    error = (actual.double() - expected.double()).abs()
-    allowed = atol + rtol * expected.double().abs()
-    beyond = error > allowed
-    if bool(beyond.any()):
-        worst = torch.unravel_index(torch.argmax(error - allowed), error.shape)
+    """Compare every element, so a kernel that computes only part of the output fails:
+    |actual - expected| <= atol + rtol * |expected|, in float64."""
+    flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
+    total = flat_actual.numel()
+    step = _COMPARE_CHUNK if actual.device.type == "cpu" else max(total, 1)
+    not_finite = beyond = 0
+    largest: list[torch.Tensor] = []  # the largest error of each chunk
+    worst_excess, worst_at = -math.inf, 0
+    for start in range(0, total, step):
+        got = flat_actual[start:start + step]
+        finite = torch.isfinite(got)
+        if not_finite or not bool(finite.all()):
+            not_finite += int(finite.numel() - finite.sum())
+            continue  # the values no longer matter: the message counts the non-finite
+        want = flat_expected[start:start + step].double()
+        error = (got.double() - want).abs_()
+        # `want` may be the reference itself (already float64): never changed in place.
+        excess = error - want.abs().mul_(rtol).add_(atol)
+        largest.append(error.max())
+        over = int((excess > 0).sum())
+        if over:
+            beyond += over
+            at = int(torch.argmax(excess))
+            if float(excess[at]) > worst_excess:  # the first of equals, as one argmax would
+                worst_excess, worst_at = float(excess[at]), start + at
+    if not_finite:
+        return False, f"{not_finite:,} of {total:,} output values are NaN or inf"
+    if beyond:
+        worst = torch.unravel_index(torch.tensor(worst_at), actual.shape)
         where = ", ".join(str(int(i)) for i in worst)
         return False, (
-            f"{int(beyond.sum()):,} of {actual.numel():,} values differ from the reference "
+            f"{beyond:,} of {total:,} values differ from the reference "
             f"beyond rtol={rtol:g}, atol={atol:g}; worst at [{where}]: "
-            f"got {float(actual[worst]):.6g}, expected {float(expected[worst]):.6g}"
+            f"got {float(flat_actual[worst_at]):.6g}, expected {float(flat_expected[worst_at]):.6g}"
         )
-    return True, f"max abs error {float(error.max()):.3g} (rtol={rtol:g}, atol={atol:g})"
+    max_error = float(torch.stack(largest).max()) if largest else 0.0
+    return True, f"max abs error {max_error:.3g} (rtol={rtol:g}, atol={atol:g})"
 
 
 def _validated(
