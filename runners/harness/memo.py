@@ -56,8 +56,8 @@ def _bytes(value: Any) -> int:
 
 
 def _copy(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """A fresh copy for each caller: the judge's callers change input sets in place
-    (op.nearly copies first, but a later caller must never see another's change)."""
+    """A set of its own for each caller, as op.make_inputs gives one: whatever a caller
+    does to its set (none is meant to change one) never reaches the next caller's."""
     return {name: value.clone() if isinstance(value, torch.Tensor) else value
             for name, value in inputs.items()}
 
