@@ -6,6 +6,9 @@ rewritten, exactly as the app materialises it), evaluated by the same `evaluate`
 (runners.harness.results_file) and flushed before the next one starts, so a crash, a
 lost connection or Ctrl-C leaves every finished candidate on disk. The app imports
 the file later (`manage.py import_results`, or `POST /api/theses/{id}/results`).
+
+Every candidate is judged on one secret seed, and what the judge makes from it is kept
+for the next (runners.harness.memo): the sources are all written before the first runs.
 """
 
 from __future__ import annotations
