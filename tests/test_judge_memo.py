@@ -173,3 +173,13 @@ def test_a_sweep_judges_its_candidates_on_one_seed_and_the_second_finds_nothing_
     assert "seed #1" in failing["correctness"]  # at its first call: it found no record
     header = json.loads(out.read_text().splitlines()[0])
     assert header["points"] == 2
+
+
+def test_a_sweep_keeps_nothing_on_a_gpu_and_at_most_a_quarter_of_the_host_on_a_cpu():
+    import os
+
+    from runners.harness.memo import CPU_LIMIT_BYTES, limit_bytes
+
+    assert limit_bytes("cuda") == 0  # device memory the judge holds is the children's
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < limit_bytes("cpu") <= min(CPU_LIMIT_BYTES, host / 4)

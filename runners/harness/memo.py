@@ -32,13 +32,14 @@ from runners.ops import Op, Workload
 # workloads makes 2.8 GiB of them (most of it the timed calls' input sets).
 CPU_LIMIT_BYTES = 4 * 2**30
 CPU_SHARE = 1 / 4
-# On a GPU they live on the device, beside the candidate's own memory: this share of it.
-GPU_SHARE = 1 / 64
 
 
 def limit_bytes(device: str) -> int:
+    """None kept on a GPU: there making inputs and references is the device's work, not
+    the judge's one core's, and whatever it kept would sit beside the children's memory
+    (the paged ops' sweeps already ran a judge out of it: docs/benchmarks/h200-dsa-indexer.md)."""
     if device == "cuda":
-        return int(torch.cuda.get_device_properties(0).total_memory * GPU_SHARE)
+        return 0
     return min(CPU_LIMIT_BYTES, int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * CPU_SHARE))
 
 
