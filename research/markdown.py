@@ -1,9 +1,20 @@
-"""Markdown from users, rendered to HTML that cannot carry script."""
+"""Markdown from users, rendered to HTML that cannot carry script.
+
+A text's HTML is kept in the cache (Redis, shared by the web processes) under a digest
+of the text and of the rendering itself (this file, the Markdown and nh3 versions): a
+thesis's idea was re-rendered at every view of its review page, a fifth of that page's
+own time. A changed text or renderer is a new key; nothing is ever stale.
+"""
 
 from __future__ import annotations
 
+import hashlib
+from importlib import metadata
+from pathlib import Path
+
 import markdown as md
 import nh3
+from django.core.cache import cache
 from django.utils.safestring import SafeString, mark_safe
 
 _ALLOWED_TAGS = {
@@ -21,7 +32,22 @@ MAX_LINK_BRACKETS = 300
 _BRACKET_STAND_IN = "\ue05b"
 
 
+KEEP_S = 7 * 24 * 3600
+_RENDERING = hashlib.sha256(Path(__file__).read_bytes() + metadata.version("markdown").encode()
+                            + metadata.version("nh3").encode()).hexdigest()[:16]
+
+
 def render_markdown(text: str) -> SafeString:
+    key = f"markdown:{_RENDERING}:{hashlib.sha256(text.encode()).hexdigest()}"
+    html = cache.get(key)
+    if html is None:
+        html = _rendered(text)
+        cache.set(key, html, KEEP_S)
+    # nh3 removed every tag, attribute and URL scheme not allowed above (docs/security.md).
+    return mark_safe(html)  # noqa: S308  # nosec B308 B703
+
+
+def _rendered(text: str) -> str:
     aside = text.count("[") > MAX_LINK_BRACKETS
     if aside:
         text = text.replace(_BRACKET_STAND_IN, "").replace("[", _BRACKET_STAND_IN)
@@ -35,5 +61,4 @@ def render_markdown(text: str) -> SafeString:
     )
     if aside:
         cleaned = cleaned.replace(_BRACKET_STAND_IN, "[")
-    # nh3 has removed every tag, attribute and URL scheme not allowed above (docs/security.md).
-    return mark_safe(cleaned)  # noqa: S308  # nosec B308 B703
+    return cleaned

@@ -488,6 +488,21 @@ def test_a_request_body_over_the_cap_is_refused_before_the_app_reads_it():
     assert _asgi_post(limited, [b"x" * 600], [(b"content-length", b"600")])[:2] == (200, b"600")
 
 
+def test_a_text_is_rendered_once_and_its_html_kept_under_its_digest(monkeypatch):
+    from django.utils.safestring import SafeString
+
+    from research import markdown as rendering
+
+    calls: list[str] = []
+    real = rendering.md.markdown
+    monkeypatch.setattr(rendering.md, "markdown", lambda text, **kw: calls.append(text) or real(text, **kw))
+    idea = "Rows in **blocks** <script>alert(1)</script> [x](javascript:alert(1))"
+    first, again = rendering.render_markdown(idea), rendering.render_markdown(idea)
+    assert len(calls) == 1 and first == again and isinstance(again, SafeString)
+    assert "<strong>blocks</strong>" in again and "<script>" not in again and "javascript:" not in again
+    assert "<em>" in rendering.render_markdown(idea + " *more*") and len(calls) == 2  # a new text, a new key
+
+
 def test_markdown_never_sees_more_link_brackets_than_it_can_scan_quickly(monkeypatch):
     """Python-Markdown scans ahead at every "[" for the end of a link: 8,000 unmatched ones
     in a thesis idea took 12 s a page view (docs/security.md has the figures). Past
