@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from runners.harness import children, evaluate  # noqa: E402
-from runners.harness.memo import Memo  # noqa: E402
+from runners.harness.memo import Memo, limit_bytes  # noqa: E402
 from runners.ops.base import compare_close  # noqa: E402
 from tests.test_judge_memo import whole_tensor_compare  # noqa: E402
 
@@ -68,7 +68,7 @@ def evaluations(count: int) -> None:
     print(f"evaluate('rmsnorm', 'baseline'), default CPU workloads, one secret seed, {count} times each way")
     walls: dict[str, list[float]] = {"alone": [], "through one memo": []}
     judge: dict[str, list[tuple[float, float, float]]] = {way: [] for way in walls}
-    memo = Memo(4 * 2**30)
+    memo = Memo(limit_bytes("cpu"))  # as a CPU sweep keeps it
     spent = [0.0]
     _timing_requests(spent)
     for way in walls:

@@ -77,8 +77,8 @@ def sample(
 
 # Elements compared at a time on a CPU: the float64 temporaries of a chunk stay in the
 # cache and are reused, where whole-tensor temporaries (32 MB each at 4096 x 1024) cost
-# a trip to memory and fresh pages at every step: 5.5x faster at 4096 x 1024 on one
-# core (bench/judge_work.py).
+# a trip to memory and fresh pages at every step: about 5x faster at 4096 x 1024 on
+# one core (bench/judge_work.py: 4.7x to 5.8x over three runs).
 _COMPARE_CHUNK = 1 << 16
 
 
