@@ -7,6 +7,7 @@ the CLI and the worker run it. Limits are small so that hangs and allocations en
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -27,7 +28,8 @@ THREADS = thread_count()  # what the harness gives each child here
 # A call gets 6 s: the Triton candidates' first call runs the interpreter, which took
 # over 2 s on a loaded 2-core machine; a hang still ends quickly.
 LIMITS = Limits(import_s=2, call_s=6, memory_bytes=512 * 2**20)
-SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048], "dsa_indexer_topk_paged": [2048]}
+SMALL = {"rmsnorm": [64], "dsa_indexer_topk": [2048], "dsa_indexer_topk_paged": [2048],
+         "dsa_indexer_topk_paged_fp8": [2048]}
 
 # file -> (guard that must fail, fragments of its detail)
 PLANTED = {
@@ -69,6 +71,11 @@ PLANTED = {
     "dsa_partial_write.py": ("correctness", ["fall short of the true top-256"]),
     # Right on equal batches (tests/test_ops_paged.py shows it), wrong on mixed ones.
     "dsa_paged_ignores_lengths.py": ("correctness", ["outside their row's prefix", "mixed"]),
+    "dsa_paged_fp8_ignores_lengths.py": ("correctness", ["outside their row's prefix", "mixed"]),
+    # Right where every token has one scale (tests/test_ops_paged.py shows it); the cache
+    # quantises each token by its own absmax, so the first call is wrong.
+    "dsa_paged_fp8_ignores_scales.py": ("correctness", [
+        "selected scores fall short of the true top-256 of their prefix", "seed #1"]),
     "dsa_wrong_dtype.py": ("correctness", ["output dtype is torch.int32, expected torch.int64"]),
     "dsa_duplicates.py": ("correctness", ["duplicate indices", "ctx=2048,m=4"]),
     "dsa_out_of_range.py": ("correctness", ["indices are outside [0, 2048)"]),
@@ -94,6 +101,7 @@ PLANTED = {
                                                       "a serving engine pays every step"]),
     # Its shapes never change inside a bucket, its lengths do: both new lengths pay.
     "dsa_paged_compiles_per_length.py": ("first-call", ["first call at ctx", "(by context length)"]),
+    "dsa_paged_fp8_compiles_per_length.py": ("first-call", ["first call at ctx", "(by context length)"]),
     "rmsnorm_tampers_evaluator.py": ("evaluator-intact", ["runners.harness.wire.write_message"]),
     "rmsnorm_sabotages_baseline.py": ("sandbox", ["writing outside its directory",
                                                   "runners/ops/rmsnorm/baseline.py"]),
@@ -112,8 +120,10 @@ PLANTED_CUDA = {
     "rmsnorm_persisting_l2.py": ("config", ["persisting-L2 limit (bytes): 0 → "]),
     # tests/test_ops_paged.py shows it right eagerly and wrong on a replay with new lengths.
     "dsa_paged_bakes_captured_lengths.py": ("cuda-graph", ["right when captured on its own inputs"]),
+    "dsa_paged_fp8_bakes_captured_lengths.py": ("cuda-graph", ["right when captured on its own inputs"]),
 }
-CUDA_SMALL = {"rmsnorm": [1024], "dsa_indexer_topk": [4096], "dsa_indexer_topk_paged": [4096]}
+CUDA_SMALL = {"rmsnorm": [1024], "dsa_indexer_topk": [4096], "dsa_indexer_topk_paged": [4096],
+              "dsa_indexer_topk_paged_fp8": [4096]}
 
 CORRECT = ["rmsnorm_correct_functional.py", "rmsnorm_correct_rows.py", "dsa_correct_per_head.py",
            # Compiled per shape, which the paged op buckets: once a bucket, as a server pays.
@@ -163,6 +173,25 @@ COLLECTIVE = {
     "allreduce_caches_its_result.py": "timed-outputs",
     "allreduce_stale_on_a_reused_buffer.py": "e2e",
 }
+
+
+def test_each_candidate_is_sent_to_the_op_whose_forward_it_defines():
+    """op_of reads the op from a file name's prefix. The paged FP8 op's candidates begin
+    with the bf16 paged op's prefix and take kv_scale besides: sent to the bf16 op, the
+    harness would call them with one argument short."""
+    assert op_of("dsa_paged_fp8_ignores_scales.py") == "dsa_indexer_topk_paged_fp8"
+    assert op_of("dsa_paged_ignores_lengths.py") == "dsa_indexer_topk_paged"
+    checked = 0
+    for path in sorted(CANDIDATES.glob("*.py")):
+        defined = [node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                   if isinstance(node, ast.FunctionDef) and node.name == "forward"]
+        if not defined:  # its forward is one of the op's own kernels, imported
+            continue
+        signature = get_op(op_of(path.name)).signature
+        wanted = signature[signature.index("(") + 1:signature.index(")")].split(", ")
+        assert [arg.arg for arg in defined[0].args.args] == wanted, path.name
+        checked += 1
+    assert checked > len(PLANTED)
 
 
 def test_every_file_in_the_corpus_is_listed():

@@ -1,10 +1,13 @@
 """The paged decode ops: their inputs as a serving engine lays them out, their check
-(each row's own prefix, −1 padding), and a kernel that ignores the lengths, which only
-mixed batches show."""
+(each row's own prefix, −1 padding), and the corpus's attacks on them shown outside the
+harness: a kernel that ignores the lengths, which only mixed batches show, one that
+drops the FP8 cache's scales, which only scales that differ show, one compiled per
+length and one that bakes the captured lengths into its graph."""
 
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,13 @@ from runners.ops.dsa_indexer_topk_fp8 import FP8
 from runners.ops.dsa_indexer_topk_paged import BLOCK_SIZE, mixed_lengths
 
 ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = ROOT / "tests" / "candidates"
 PAGED = ["dsa_indexer_topk_paged", "dsa_indexer_topk_paged_fp8"]
+
+
+def _attack(name: str, hack: str) -> Path:
+    """The corpus's candidate playing `hack` on the paged op `name`."""
+    return CANDIDATES / f"dsa_paged_{'fp8_' if name.endswith('fp8') else ''}{hack}.py"
 
 
 def _forward(path: Path):
@@ -27,9 +36,9 @@ def _forward(path: Path):
 
 
 def _case(name: str, mix: str = "mixed", next_n: int = 1, seed: int = 3,
-          distribution: str = "normal"):
+          distribution: str = "normal", context: int = 2048):
     op = get_op(name)
-    workload = next(w for w in op.workloads("cpu", [2048], [8])
+    workload = next(w for w in op.workloads("cpu", [context], [8])
                     if w.params["mix"] == mix and w.params["next_n"] == next_n)
     inputs = op.make_inputs(workload, seed, distribution)
     return op, workload, inputs, op.reference(inputs)
@@ -115,9 +124,10 @@ def test_the_baseline_passes_the_check_in_any_order(name, mix, next_n):
     assert (output == -1).any() == (mix == "mixed")  # a mixed batch always has a short row
 
 
-def test_the_check_refuses_indices_past_a_rows_prefix():
-    op, _, inputs, scores = _case("dsa_indexer_topk_paged", next_n=2)
-    output = _forward(ROOT / "tests" / "candidates" / "dsa_paged_ignores_lengths.py")(*inputs.values())
+@pytest.mark.parametrize("name", PAGED)
+def test_the_check_refuses_indices_past_a_rows_prefix(name):
+    op, _, inputs, scores = _case(name, next_n=2)
+    output = _forward(_attack(name, "ignores_lengths"))(*inputs.values())
     ok, detail = op.check(output, scores, inputs)
     assert not ok and "outside their row's prefix" in detail
 
@@ -185,15 +195,51 @@ def test_flops_and_bytes_count_each_sequences_own_tokens(name):
     assert op.flops(equal) == 64 * 65536 * per_token
 
 
-def test_a_kernel_that_ignores_the_lengths_is_right_on_equal_batches_only():
+@pytest.mark.parametrize("name", PAGED)
+def test_a_kernel_that_ignores_the_lengths_is_right_on_equal_batches_only(name):
     """Outside the harness it is right where every sequence fills its row; inside, the
     corpus shows it rejected by correctness on the mixed batches
     (tests/test_harness_corpus.py, PLANTED)."""
-    forward = _forward(ROOT / "tests" / "candidates" / "dsa_paged_ignores_lengths.py")
-    op, _, inputs, scores = _case("dsa_indexer_topk_paged", mix="equal")
+    forward = _forward(_attack(name, "ignores_lengths"))
+    op, _, inputs, scores = _case(name, mix="equal")
     assert op.check(forward(*inputs.values()), scores, inputs)[0]
-    op, _, inputs, scores = _case("dsa_indexer_topk_paged", mix="mixed")
-    assert not op.check(forward(*inputs.values()), scores, inputs)[0]
+    op, _, inputs, scores = _case(name, mix="mixed")
+    ok, detail = op.check(forward(*inputs.values()), scores, inputs)
+    assert not ok and "outside their row's prefix" in detail
+
+
+@pytest.mark.parametrize("mix", ["mixed", "equal"])
+def test_a_kernel_that_drops_the_fp8_scales_is_right_only_where_every_token_has_one(mix):
+    """One scale for every token scales every score alike, so the ranking of the e4m3
+    values alone is the answer; the cache's own scales (one per token, by its absmax)
+    differ, and it is wrong whatever the lengths. Inside the harness the corpus shows it
+    rejected by correctness (tests/test_harness_corpus.py, PLANTED)."""
+    forward = _forward(_attack("dsa_indexer_topk_paged_fp8", "ignores_scales"))
+    op, _, inputs, scores = _case("dsa_indexer_topk_paged_fp8", mix=mix)
+    assert float(inputs["kv_scale"].amin()) < 0.5 * float(inputs["kv_scale"].amax())
+    ok, detail = op.check(forward(*inputs.values()), scores, inputs)
+    assert not ok and "fall short of the true top-256" in detail
+    scale = float(inputs["kv_scale"].median())
+    one_scale = {**inputs, "kv_scale": torch.full_like(inputs["kv_scale"], scale)}
+    ok, detail = op.check(forward(*one_scale.values()), op.reference(one_scale), one_scale)
+    assert ok, detail
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_a_kernel_compiled_per_length_compiles_again_at_each_length_of_one_bucket(name, monkeypatch):
+    """Right every call, but each new longest length costs a compile, though the inputs'
+    shapes (the bucket's) stay the same: a server's every decode step. Inside the harness
+    the corpus shows it rejected by first-call (tests/test_harness_corpus.py, PLANTED)."""
+    compiles = []
+    monkeypatch.setattr(time, "sleep", compiles.append)  # the simulated compile, not waited for
+    forward = _forward(_attack(name, "compiles_per_length"))
+    shapes = set()
+    for context in (2048, 2048, 1901, 1902):
+        op, _, inputs, scores = _case(name, context=context)
+        assert op.check(forward(*inputs.values()), scores, inputs)[0]
+        shapes.add(tuple(tuple(value.shape) for value in inputs.values() if isinstance(value, torch.Tensor)))
+    assert len(shapes) == 1
+    assert len(compiles) == 3 and all(seconds > 0 for seconds in compiles)  # not again at 2048
 
 
 @pytest.mark.parametrize("name", PAGED)
@@ -205,31 +251,32 @@ def test_the_baseline_against_itself_is_no_gain(name):
 
 
 
-BAKES = ROOT / "tests" / "candidates" / "dsa_paged_bakes_captured_lengths.py"
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="a CUDA-graph replay: needs CUDA to play it")
 
 
-def test_a_kernel_that_plans_on_the_host_is_right_whenever_it_runs_eagerly():
+@pytest.mark.parametrize("name", PAGED)
+def test_a_kernel_that_plans_on_the_host_is_right_whenever_it_runs_eagerly(name):
     """What it gets wrong is only a graph's: run eagerly it reads the lengths every call."""
-    forward = _forward(BAKES)
+    forward = _forward(_attack(name, "bakes_captured_lengths"))
     for seed in (3, 4):
-        op, _, inputs, scores = _case("dsa_indexer_topk_paged", seed=seed)
+        op, _, inputs, scores = _case(name, seed=seed)
         assert op.check(forward(*inputs.values()), scores, inputs)[0]
 
 
-def _cuda_inputs(seed: int) -> tuple:
-    op = get_op("dsa_indexer_topk_paged")
+def _cuda_inputs(name: str, seed: int) -> tuple:
+    op = get_op(name)
     workload = op.workloads("cuda", [4096], [64])[0]
     assert workload.params["mix"] == "mixed"
     return op, op.make_inputs(workload, seed, "normal")
 
 
 @NEEDS_CUDA
-def test_a_kernel_that_plans_on_the_host_is_wrong_when_its_graph_is_replayed_with_new_lengths():
-    forward = _forward(BAKES)
-    op, captured = _cuda_inputs(3)
-    _, replayed = _cuda_inputs(4)
+@pytest.mark.parametrize("name", PAGED)
+def test_a_kernel_that_plans_on_the_host_is_wrong_when_its_graph_is_replayed_with_new_lengths(name):
+    forward = _forward(_attack(name, "bakes_captured_lengths"))
+    op, captured = _cuda_inputs(name, 3)
+    _, replayed = _cuda_inputs(name, 4)
     assert not torch.equal(captured["context_lens"], replayed["context_lens"])
     buffers = {key: value.clone() if isinstance(value, torch.Tensor) else value
                for key, value in captured.items()}
@@ -253,8 +300,9 @@ def test_a_kernel_that_plans_on_the_host_is_wrong_when_its_graph_is_replayed_wit
 
 
 @NEEDS_CUDA
-def test_a_kernel_that_bakes_the_captured_lengths_fails_the_cuda_graph_guard():
-    result = evaluate("dsa_indexer_topk_paged", BAKES, context_lengths=[4096], device="cuda",
+@pytest.mark.parametrize("name", PAGED)
+def test_a_kernel_that_bakes_the_captured_lengths_fails_the_cuda_graph_guard(name):
+    result = evaluate(name, _attack(name, "bakes_captured_lengths"), context_lengths=[4096], device="cuda",
                       time_budget_s=0.2, limits=Limits(import_s=60, call_s=90), seed=20261201)
     assert result.verdict == "rejected", result.guards
     failing = {g.name: g.detail for g in result.guards if g.status == "fail"}

@@ -37,6 +37,9 @@ class RedTeamCandidate:
 
 def op_of(candidate_file: str) -> str:
     """The op a corpus candidate is written for, by the prefix of its file name."""
+    # Before the bf16 paged prefix, which it begins with.
+    if candidate_file.startswith("dsa_paged_fp8"):
+        return "dsa_indexer_topk_paged_fp8"
     if candidate_file.startswith("dsa_paged"):
         return "dsa_indexer_topk_paged"
     if candidate_file.startswith("allreduce"):
