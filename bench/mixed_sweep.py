@@ -43,8 +43,7 @@ CANDIDATES = ROOT / "tests" / "candidates"
 def bad_pool(op: str, device: str) -> list[Path]:
     """The catalogue's hacks of `op` that play on `device`, each once."""
     found = {candidate.file for hack in catalog() for candidate in hack.candidates
-             if candidate.op == op and (device == "cuda" or not candidate.cuda_only)
-             and not (device == "cuda" and candidate.cpu_only)}
+             if candidate.op == op and candidate.plays_on(device)}
     return [CANDIDATES / name for name in sorted(found)]
 
 

@@ -160,8 +160,7 @@ def main() -> int:
     skipped: set[str] = set()
     for hack in hacks:
         for candidate in hack.candidates:
-            if (candidate.cuda_only and args.device != "cuda") or (candidate.cpu_only
-                                                                    and args.device == "cuda"):
+            if not candidate.plays_on(args.device):
                 skipped.add(candidate.file)
                 continue
             expected.setdefault(candidate.file, set()).update(hack.guards)

@@ -18,7 +18,7 @@ from runners.harness import Limits, evaluate
 from runners.harness import protected
 from runners.harness.dsl import kernel_dsl, static_check
 from runners.harness.children import thread_count
-from runners.harness.hacks import catalog, op_of
+from runners.harness.hacks import RedTeamCandidate, catalog, op_of
 from runners.ops import get_op, list_ops
 from runners.space import materialize
 from tests.test_harness_attacks import ATTACKS, ATTACKS_CUDA
@@ -192,6 +192,15 @@ def test_each_candidate_is_sent_to_the_op_whose_forward_it_defines():
         assert [arg.arg for arg in defined[0].args.args] == wanted, path.name
         checked += 1
     assert checked > len(PLANTED)
+
+
+def test_a_candidate_plays_on_the_devices_its_catalogue_mark_allows():
+    """Read by the red team and by bench/mixed_sweep.py to pick what each device runs."""
+    either = RedTeamCandidate("rmsnorm_drops_eps.py", cuda_only=False)
+    gpu = RedTeamCandidate("dsa_paged_bakes_captured_lengths.py", cuda_only=True)
+    cpu = RedTeamCandidate("dsa_paged_compiles_per_length.py", cuda_only=False, cpu_only=True)
+    assert [(c.plays_on("cpu"), c.plays_on("cuda")) for c in (either, gpu, cpu)] == [
+        (True, True), (False, True), (True, False)]
 
 
 def test_every_file_in_the_corpus_is_listed():

@@ -34,6 +34,10 @@ class RedTeamCandidate:
     def op(self) -> str:
         return op_of(self.file)
 
+    def plays_on(self, device: str) -> bool:
+        """Whether the candidate plays its hack on `device` ("cpu" or "cuda")."""
+        return not self.cpu_only if device == "cuda" else not self.cuda_only
+
 
 def op_of(candidate_file: str) -> str:
     """The op a corpus candidate is written for, by the prefix of its file name."""
