@@ -36,6 +36,7 @@ from runners.harness.hacks import catalog  # noqa: E402
 from runners.harness.memo import Memo, limit_bytes  # noqa: E402
 from runners.harness.seeds import draw_secret_seed  # noqa: E402
 from runners.ops import get_op  # noqa: E402
+from scripts.red_team import KNOWN_REJECTIONS  # noqa: E402
 
 CANDIDATES = ROOT / "tests" / "candidates"
 
@@ -48,11 +49,15 @@ def bad_pool(op: str, device: str) -> list[Path]:
 
 
 def good_pool(op: str, device: str, folder: Path) -> list[Path]:
-    """Every SPACE point of the op's shipped kernels that run on `device`, as files."""
+    """Every SPACE point of the op's shipped kernels that run on `device` and that the
+    harness does not reject there for a cost a serving engine would pay (the red team's
+    KNOWN_REJECTIONS: on a GPU the eager paged kernels cannot be captured), as files."""
     files = []
     for name, path in get_op(op).kernels().items():
         if kernel_dsl(path) == "cute" and device != "cuda":
             continue  # compiles on a CPU, but launches only on a GPU
+        if path.name in KNOWN_REJECTIONS[device]:
+            continue
         source = path.read_text(encoding="utf-8")
         _, parameter_space = space.read_literals(source)
         for number, point in enumerate(space.grid_points(parameter_space) if parameter_space else [{}]):
@@ -94,8 +99,10 @@ def main() -> int:
                               seed=seed, memo=memo)
             wall = time.monotonic() - started
             rows.append((path.name, kind, wall, result.verdict, result.stopped_at))
+            failed = next((f"{guard.name}: {guard.detail}" for guard in result.guards
+                           if guard.status == "fail"), "")
             print(f"{number:3d} {kind:4s} {wall:7.2f} s  {result.verdict:8s} "
-                  f"{result.stopped_at or '':12s} {path.name}", file=sys.stderr)
+                  f"{result.stopped_at or '':12s} {path.name}  {failed[:160]}", file=sys.stderr)
         total = time.monotonic() - began
     missed = [name for name, kind, _, verdict, _ in rows if kind == "bad" and verdict != "rejected"]
     print(f"{args.op} on {args.device}: {len(rows)} candidates ({bad_count} bad) in {total:.1f} s: "

@@ -14,6 +14,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # its request stays with that thread, so 20 users exhausted PostgreSQL's 100 connections
 # ("too many clients already", bench/page_load.py). Workers keep theirs (settings).
 os.environ.setdefault("DB_CONN_MAX_AGE", "0")
+# On PostgreSQL they borrow each request's connection from a pool of their own instead
+# of opening one (config.settings).
+os.environ.setdefault("DB_POOL_MAX", "8")
 django_http = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)

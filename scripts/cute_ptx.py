@@ -38,7 +38,7 @@ KERNELS = {
     "paged": "runners/ops/dsa_indexer_topk_paged/kernels/logits_topk_paged_cute.py",
     "paged_fp8": "runners/ops/dsa_indexer_topk_paged_fp8/kernels/logits_topk_paged_fp8_cute.py",
 }
-ROWS_M, HEADS, DIM, TOPK = 64, 64, 128, 2048
+HEADS, DIM, TOPK = 64, 128, 2048
 # Past 128 heads a CTA holds one query row (ROWS=1 paths); 32 heads fill half a wgmma N.
 OTHER_HEADS = (32, 256)
 
@@ -76,18 +76,18 @@ def _dense_builds(kind: str, module, point: dict) -> Iterator[tuple[str, Callabl
                 f"_{str(dtype).split('.')[-1]}_w{str(weight_dtype).split('.')[-1]}")
         if kind == "dense":
             yield name, lambda: module.compiled_scores_mma(
-                dtype, ROWS_M, heads, DIM, rows, stages, weight_dtype, schedule, reduce)
+                dtype, heads, DIM, rows, stages, weight_dtype, schedule, reduce)
         else:
             yield name, lambda: module.compiled_scores_mma(
-                ROWS_M, heads, DIM, rows, stages, weight_dtype, schedule, reduce)
+                heads, DIM, rows, stages, weight_dtype, schedule, reduce)
     for vec in (4, 1):
         for by_bitmap in (True, False):
             yield (f"select_threads{point['SELECT_THREADS']}_vec{vec}_bitmap{int(by_bitmap)}",
-                   lambda: module.compiled_select(ROWS_M, TOPK, point["SELECT_THREADS"], vec, by_bitmap))
+                   lambda: module.compiled_select(TOPK, point["SELECT_THREADS"], vec, by_bitmap))
     if kind == "dense":
         for weight_dtype in (torch.float32, torch.bfloat16):
             yield (f"scores_simt_w{str(weight_dtype).split('.')[-1]}",
-                   lambda: module.compiled_scores_simt(ROWS_M, HEADS, DIM, weight_dtype))
+                   lambda: module.compiled_scores_simt(HEADS, DIM, weight_dtype))
 
 
 def _paged_builds(kind: str, module, point: dict) -> Iterator[tuple[str, Callable]]:

@@ -56,7 +56,9 @@ KNOWN_REJECTIONS = {
         # A CuTe kernel compiled per shape (functools.cache on the sizes): 0.1 s a new
         # token count. The indexers' lengths are runtime values since 2026-12-05 (one
         # compile per shape class; their paged twins measured at 0.07-0.32 ms more on a
-        # first call, docs/benchmarks/h200-dsa-indexer.md): they are legit now.
+        # first call, docs/benchmarks/h200-dsa-indexer.md), the dense ones' batches of
+        # query rows since 2026-12-06 (a new batch had cost 1.17 s on an H100): they
+        # are legit now.
         "rows_cute.py": _COMPILES_PER_SIZE,
         # Triton kernels with a constexpr derived from the context length (SPAN_TILES,
         # CAPACITY, CHUNKS): 0.35-9.5 s a new length.

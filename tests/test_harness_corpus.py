@@ -344,3 +344,18 @@ def test_every_known_rejection_of_the_red_team_is_a_shipped_kernel():
     for device, known in red_team.KNOWN_REJECTIONS.items():
         assert set(known) <= shipped, (device, set(known) - shipped)
         assert set(known.values()) <= guards, device
+
+
+def test_the_mixed_sweep_draws_its_good_candidates_from_kernels_the_device_can_keep(tmp_path):
+    # On a GPU the eager paged kernels read the lengths on the host, which a CUDA graph
+    # cannot (the red team's known rejections): drawn as "good" there, they were judged
+    # rejected at their first check (H100, 2026-12-06). The CuTe ones launch only there.
+    spec = importlib.util.spec_from_file_location("mixed_sweep", CANDIDATES.parents[1] / "bench" / "mixed_sweep.py")
+    mixed_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mixed_sweep)
+    kernels = {}
+    for device in ("cpu", "cuda"):
+        folder = tmp_path / device
+        folder.mkdir()
+        kernels[device] = {path.name for path in mixed_sweep.good_pool("dsa_indexer_topk_paged_fp8", device, folder)}
+    assert kernels == {"cpu": {"per_sequence_fp8.py"}, "cuda": {"logits_topk_paged_fp8_cute.py"}}

@@ -167,6 +167,7 @@ INDEXER_COMMON = textwrap.dedent("""
     import torch
 
     from runners.harness.dsl import launch_counter, torch_compute
+    from runners.kernel_lib.indexer_select import BITMAP_TOKENS
     from runners.ops import get_op
     from runners.space import grid_points, materialize, read_literals
     from tests.kernel_checks import DISTRIBUTIONS, check_failures
@@ -209,7 +210,7 @@ INDEXER_COMMON = textwrap.dedent("""
         # token order; past it, it lists them and sorts the list. Both must be right, and
         # ascending. (3 query rows: the long context's reference logits stay small.)
         wrong = []
-        for context in (5000, module.BITMAP_TOKENS + 5000):
+        for context in (5000, BITMAP_TOKENS + 5000):
             inputs = op.make_inputs(op.build_workloads("cuda", [context], [3])[0], 15, "normal")
             got = module.forward(*inputs.values())
             correct, detail = op.check(got, op.reference(inputs), inputs)
@@ -285,15 +286,15 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
         scores = module.compiled_scores_mma(
-            torch.bfloat16, 64, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
+            torch.bfloat16, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
             point["STAGES"], torch.float32, point["SCHEDULE"], point["REDUCE"])
-        select = module.compiled_select(64, 2048, point["SELECT_THREADS"], *module.select_bucket(5000))
+        select = module.compiled_select(2048, point["SELECT_THREADS"], *module.select_bucket(5000))
         key = ",".join(f"{name}={value}" for name, value in point.items())
         points[key] = {"scores": ptx_facts(scores), "select": ptx_facts(select),
                        "failures": check_failures(op, module.forward, workloads, (11, 12)) if on_gpu else None}
 
     module = load(source, "shipped")
-    simt = ptx_facts(module.compiled_scores_simt(64, 64, 128))
+    simt = ptx_facts(module.compiled_scores_simt(64, 128))
     gpu = ({"float32_failures": float32_failures(module), "repeats_differ": repeats_differ(module),
             "equal_scores_wrong": equal_scores_wrong(module),
             "duplicate_keys_wrong": duplicate_keys_wrong(module), "out_of_order": out_of_order(module)}
@@ -302,10 +303,11 @@ INDEXER_CHILD = INDEXER_COMMON + textwrap.dedent("""
     device = "cuda" if on_gpu else "cpu"
     launch = launched(load(source, "launched"), torch.randn(3, 64, 128, device=device).bfloat16(),
                       torch.randn(5000, 128, device=device).bfloat16(), torch.randn(3, 64, device=device), 2048)
-    # Two context lengths (and so two split counts) of one select bucket, in a fresh module.
+    # Two context lengths (and so two split counts) of one select bucket at two batches of
+    # query rows, as a serving engine's steps bring them, in a fresh module.
     lengths = launched(load(source, "lengths"), *[
-        [torch.randn(3, 64, 128, device=device).bfloat16(), torch.randn(context, 128, device=device).bfloat16(),
-         torch.randn(3, 64, device=device), 2048] for context in (5000, 70000)])
+        [torch.randn(rows_m, 64, 128, device=device).bfloat16(), torch.randn(context, 128, device=device).bfloat16(),
+         torch.randn(rows_m, 64, device=device), 2048] for rows_m, context in ((3, 5000), (5, 70000))])
     print(json.dumps({"points": points, "simt": simt, "gpu": gpu, "launch": launch, "lengths": lengths}))
 """)
 
@@ -313,7 +315,7 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     points = {}
     for index, point in enumerate(grid_points(read_literals(source)[1])):
         module = load(materialize(source, point), f"point{index}")
-        scores = module.compiled_scores_mma(64, 64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
+        scores = module.compiled_scores_mma(64, 128, module.mma_rows(point["ROWS"], 64, point["SCHEDULE"]),
                                             point["STAGES"], torch.float32, point["SCHEDULE"],
                                             point["REDUCE"])
         key = ",".join(f"{name}={value}" for name, value in point.items())
@@ -326,7 +328,7 @@ FP8_CHILD = INDEXER_COMMON + textwrap.dedent("""
     launch = launched(load(source, "launched"), *op.make_inputs(workload, 13, "normal").values())
     lengths = launched(load(source, "lengths"), *[
         list(op.make_inputs(dataclasses.replace(w, device=workload.device), 13, "normal").values())
-        for w in op.workloads("cuda", [2048, 5000], [3])])
+        for w in op.workloads("cuda", [2048], [3]) + op.workloads("cuda", [5000], [5])])
     print(json.dumps({"points": points, "gpu": gpu, "launch": launch, "lengths": lengths}))
 """)
 
@@ -453,10 +455,12 @@ def test_on_a_gpu_a_dense_indexer_forward_launches_its_two_kernels_and_no_torch_
 
 
 @pytest.mark.parametrize("child_name", DENSE_CHILDREN)
-def test_a_dense_indexer_compiles_once_for_two_context_lengths(request, child_name):
-    # 5000 and 70000 tokens, split 2 and 4 ways at 3 rows: the lengths and the spans are
-    # runtime values. Without a GPU only the scores kernel is reached (its launch fails);
-    # with one, both kernels compile once and each launches twice.
+def test_a_dense_indexer_compiles_once_for_two_context_lengths_and_batches(request, child_name):
+    # 5000 tokens at 3 query rows, then 70000 at 5 (2048 and 5000 for the e4m3 kernel):
+    # the rows, the lengths and the spans are runtime values. Without a GPU only the
+    # scores kernel is reached (its launch fails, and the second call reaches it again:
+    # a kernel compiled per batch would compile twice); with one, both kernels compile
+    # once and each launches twice.
     want = {"count": 4, "compiles": 2, "error": None} if ON_GPU else {"count": 0, "compiles": 1}
     assert {key: request.getfixturevalue(child_name)["lengths"][key] for key in want} == want
 

@@ -80,7 +80,7 @@ def scores_launch(module, inputs: dict, rows: int, stages: int, schedule: str, r
     splits, per_cta = mma_splits(rows_m, context, rows, sms)
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     hist = torch.empty(splits, rows_m, BINS, dtype=torch.int32, device=q.device)
-    shape = (rows_m, heads, dim, rows, stages, weights.dtype, schedule, reduce)
+    shape = (heads, dim, rows, stages, weights.dtype, schedule, reduce)
     # Taking turns, a tile is one warpgroup's 64 tokens: twice the 128-token count.
     span = per_cta * (2 if SCHEDULES[schedule] > 1 else 1)
     if "k_scale" in inputs:

@@ -83,7 +83,7 @@ def main() -> None:
             row["in_bin"] = candidates_in_bin(scores, topk)
             out_idx = torch.empty(rows_m, topk, dtype=torch.int64, device="cuda")
             for threads in SELECT_THREADS:
-                select = module.compiled_select(rows_m, topk, threads, *module.select_bucket(context))
+                select = module.compiled_select(topk, threads, *module.select_bucket(context))
                 tensors = (scores, hist, out_idx)
 
                 def launch(*_unused, select=select, tensors=tensors):

@@ -116,7 +116,7 @@ def compile_for(rows: int, context: int, topk: int) -> None:
     """Both kernels for this shape, before any capture (capture cannot compile)."""
     splits, per_cta = splits_for(rows, context, sm_count())
     compiled_count(rows, context, splits, per_cta)
-    _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))
+    _cute_select.compiled_select(topk, SELECT_THREADS, *_cute_select.select_bucket(context))
 
 
 def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) -> torch.Tensor:
@@ -132,7 +132,7 @@ def select(logits: torch.Tensor, lengths: torch.Tensor, topk: int, pad: bool) ->
     out = torch.empty(rows, topk, dtype=torch.int64, device=logits.device)
     stream = current_stream(logits)
     compiled_count(rows, context, splits, per_cta)(logits, lengths, hist, stream)
-    _cute_select.compiled_select(rows, topk, SELECT_THREADS, *_cute_select.select_bucket(context))(
+    _cute_select.compiled_select(topk, SELECT_THREADS, *_cute_select.select_bucket(context))(
         logits, hist, out, stream)
     if pad:
         out.masked_fill_(out >= lengths.unsqueeze(1), -1)

@@ -777,20 +777,22 @@ def paged_turns(heads: int, dim: int, next_n: int, schedule: str, reduce: str, s
 
 
 def dense_compile_args(
-    element, rows_m: int, heads: int, dim: int, weight_element, rows: int, stages: int, turns: int,
+    element, heads: int, dim: int, weight_element, rows: int, stages: int, turns: int,
     reduce: str, key_scales: bool,
 ) -> tuple:
     """What a dense kernel's launch function is compiled with (`cute.compile(launch,
     *args)`): q [M*H, D] and k [N, D] of `element`, with `key_scales` k_scale [N] float32,
     weights [M, H], scores [M, N], hist [splits, M, BINS], the stream, the key tiles per
     CTA (a runtime value), ROWS, `stages` 128-token tiles counted in the schedule's own
-    (64 tokens when warpgroups take turns), the turns and REDUCE as compiled. N and the
-    splits are runtime values: a new context length compiles nothing."""
+    (64 tokens when warpgroups take turns), the turns and REDUCE as compiled. M, N and
+    the splits are runtime values: a new context length or batch of query rows compiles
+    nothing (a serving engine's indexer sees both change every step; the CTAs check their
+    rows against M)."""
     scales = (fake_tensor(cutlass.Float32, (runtime_int(),)),) if key_scales else ()
     return (
-        fake_tensor(element, (rows_m * heads, dim)), fake_tensor(element, (runtime_int(), dim)), *scales,
-        fake_tensor(weight_element, (rows_m, heads)), fake_tensor(cutlass.Float32, (rows_m, runtime_int())),
-        fake_tensor(cutlass.Int32, (runtime_int(), rows_m, BINS)), cuda.CUstream(0), 1, rows,
+        fake_tensor(element, (runtime_int(), dim)), fake_tensor(element, (runtime_int(), dim)), *scales,
+        fake_tensor(weight_element, (runtime_int(), heads)), fake_tensor(cutlass.Float32, (runtime_int(), runtime_int())),
+        fake_tensor(cutlass.Int32, (runtime_int(), runtime_int(), BINS)), cuda.CUstream(0), 1, rows,
         stages * (2 if turns > 1 else 1), turns, reduce_as_compiled(reduce, rows),
     )
 

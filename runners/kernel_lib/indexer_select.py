@@ -606,17 +606,18 @@ def _check_topk(topk: int) -> None:
         raise ValueError(f"the select takes 1 to {MAX_TOPK} per row; got top-{topk}")
 
 
-def compile_select(rows_m: int, topk: int, threads: int, vec: int, by_bitmap: bool):
-    """`launch_select` compiled for rows_m rows, top-k and one `select_bucket` (vec,
-    by_bitmap) of context lengths, any length and split count within it; no GPU needed.
+def compile_select(topk: int, threads: int, vec: int, by_bitmap: bool):
+    """`launch_select` compiled for top-k and one `select_bucket` (vec, by_bitmap) of
+    context lengths, any number of rows, length and split count within it; no GPU needed.
     Called with scores, hist, out, stream."""
     _check_topk(topk)
     # A 16-byte vector of a row starts 16-byte aligned only if the row length is a
     # multiple of four: promised to the compiler, which then emits the wide loads.
     context = cute.sym_int32(divisibility=vec)
     arguments = (
-        fake_tensor(cutlass.Float32, (rows_m, context)), fake_tensor(cutlass.Int32, (runtime_int(), rows_m, BINS)),
-        fake_tensor(cutlass.Int64, (rows_m, topk)), cuda.CUstream(0), threads,
+        fake_tensor(cutlass.Float32, (runtime_int(), context)),
+        fake_tensor(cutlass.Int32, (runtime_int(), runtime_int(), BINS)),
+        fake_tensor(cutlass.Int64, (runtime_int(), topk)), cuda.CUstream(0), threads,
         1 << (topk - 1).bit_length(), by_bitmap, vec,
     )
     return Program(cute.compile(launch_select, *arguments), arguments)

@@ -58,9 +58,10 @@ allocates.
   strided read, so more threads keep more loads in flight (1024 beat 512 at every
   context on the H200, so 512 left the space).
 
-The kernels are compiled once per (dtype, shape, parameters) for the GPU in hand; on a
-machine without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch
-then fails for want of a GPU.
+The kernels are compiled once per (dtype, H, D, top-k, parameters) for the GPU in hand,
+whatever the batch of query rows and the context length (a serving engine changes both
+every step); on a machine without one, CUTE_DSL_ARCH=sm_90a makes them compile for
+Hopper, and the launch then fails for want of a GPU.
 """
 
 from __future__ import annotations
@@ -202,41 +203,44 @@ def _simt_splits(rows_m: int, context: int, sms: int) -> tuple[int, int]:
 
 @functools.cache
 def compiled_scores_mma(
-    dtype: torch.dtype, rows_m: int, heads: int, dim: int,
+    dtype: torch.dtype, heads: int, dim: int,
     rows: int, stages: int, weight_dtype: torch.dtype = torch.float32,
     schedule: str = "cooperative", reduce: str = "shuffle",
 ):
-    """The tensor-core scores kernel for one shape and parameters, any context length
-    (the context and the CTAs' spans are runtime values); no GPU needed.
+    """The tensor-core scores kernel for one (H, D) and parameters, any number of query
+    rows and any context length (they and the CTAs' spans are runtime values); no GPU
+    needed.
 
     `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup,
     so both schedules keep the same bytes in flight and give a CTA the same span.
     Called with the tensors, the stream and the key tiles per CTA (`mma_splits`)."""
     turns = dense_turns(rows, heads, dim, schedule, reduce, 64)
     arguments = dense_compile_args(
-        _MMA_DTYPES[dtype], rows_m, heads, dim, _DTYPES[weight_dtype], rows, stages, turns, reduce, False)
+        _MMA_DTYPES[dtype], heads, dim, _DTYPES[weight_dtype], rows, stages, turns, reduce, False)
     return Program(cute.compile(_launch_scores_mma, *arguments), arguments)
 
 
 @functools.cache
 def compiled_scores_simt(
-    rows_m: int, heads: int, dim: int, weight_dtype: torch.dtype = torch.float32,
+    heads: int, dim: int, weight_dtype: torch.dtype = torch.float32,
 ):
-    """The float32 scores kernel for one shape, any context length; no GPU needed.
-    Called with the tensors, the stream and the tokens per CTA (`_simt_splits`)."""
+    """The float32 scores kernel for one (H, D), any number of query rows and any
+    context length; no GPU needed. Called with the tensors, the stream and the tokens
+    per CTA (`_simt_splits`)."""
     arguments = (
-        fake_tensor(cutlass.Float32, (rows_m, heads, dim)), fake_tensor(cutlass.Float32, (runtime_int(), dim)),
-        fake_tensor(_DTYPES[weight_dtype], (rows_m, heads)), fake_tensor(cutlass.Float32, (rows_m, runtime_int())),
-        fake_tensor(cutlass.Int32, (runtime_int(), rows_m, BINS)), cuda.CUstream(0), 1,
+        fake_tensor(cutlass.Float32, (runtime_int(), heads, dim)), fake_tensor(cutlass.Float32, (runtime_int(), dim)),
+        fake_tensor(_DTYPES[weight_dtype], (runtime_int(), heads)),
+        fake_tensor(cutlass.Float32, (runtime_int(), runtime_int())),
+        fake_tensor(cutlass.Int32, (runtime_int(), runtime_int(), BINS)), cuda.CUstream(0), 1,
     )
     return Program(cute.compile(_launch_scores_simt, *arguments), arguments)
 
 
 @functools.cache
-def compiled_select(rows_m: int, topk: int, threads: int, vec: int = 4, by_bitmap: bool = True):
-    """The select kernel for one shape and one `select_bucket` of context lengths (a
+def compiled_select(topk: int, threads: int, vec: int = 4, by_bitmap: bool = True):
+    """The select kernel for one top-k and one `select_bucket` of context lengths (a
     compile of this module's own, counted as such)."""
-    return compile_select(rows_m, topk, threads, vec, by_bitmap)
+    return compile_select(topk, threads, vec, by_bitmap)
 
 
 def forward(
@@ -256,13 +260,13 @@ def forward(
     scores = torch.empty(rows_m, context, dtype=torch.float32, device=q.device)
     if q.dtype == torch.float32:
         splits, span = _simt_splits(rows_m, context, sms)
-        kernel = compiled_scores_simt(rows_m, heads, dim, weights.dtype)
+        kernel = compiled_scores_simt(heads, dim, weights.dtype)
         score_args = (q, k)
     else:
         rows = mma_rows(PARAMS["ROWS"], heads, PARAMS["SCHEDULE"])
         splits, per_cta = mma_splits(rows_m, context, rows, sms)
         kernel = compiled_scores_mma(
-            q.dtype, rows_m, heads, dim, rows, PARAMS["STAGES"], weights.dtype,
+            q.dtype, heads, dim, rows, PARAMS["STAGES"], weights.dtype,
             PARAMS["SCHEDULE"], PARAMS["REDUCE"],
         )
         score_args = (q.view(rows_m * heads, dim), k)
@@ -272,5 +276,5 @@ def forward(
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
     stream = current_stream(q)
     kernel(*score_args, weights, scores, hist, stream, span)
-    compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(scores, hist, out, stream)
+    compiled_select(topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(scores, hist, out, stream)
     return out

@@ -48,8 +48,8 @@ No torch op computes anything: forward only allocates.
 - SELECT_THREADS: threads of each row's select CTA (1024 beat 512 in the bf16 kernel
   at every context on the H200).
 
-The kernels are compiled once per (shape, parameters) for the GPU in hand; on a machine
-without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch then
+The kernels are compiled once per (H, D, top-k, parameters) for the GPU in hand,
+whatever the batch of query rows and the context length; on a machine without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch then
 fails for want of a GPU.
 """
 
@@ -133,27 +133,28 @@ def _launch_scores_mma(
 
 @functools.cache
 def compiled_scores_mma(
-    rows_m: int, heads: int, dim: int, rows: int, stages: int,
+    heads: int, dim: int, rows: int, stages: int,
     weight_dtype: torch.dtype = torch.float32, schedule: str = "cooperative",
     reduce: str = "shuffle",
 ):
-    """The e4m3 tensor-core scores kernel for one shape and parameters, any context
-    length (the context and the CTAs' spans are runtime values); no GPU needed.
+    """The e4m3 tensor-core scores kernel for one (H, D) and parameters, any number of
+    query rows and any context length (they and the CTAs' spans are runtime values); no
+    GPU needed.
 
     `stages` counts 128-token key tiles; pingpong cuts each in two, one per warpgroup.
     Called with the tensors, the stream and the key tiles per CTA (`mma_splits`)."""
     # e4m3 rows of D bytes: the 128-byte swizzle and k-blocks of 32 need D % 128 == 0.
     turns = dense_turns(rows, heads, dim, schedule, reduce, 128)
     arguments = dense_compile_args(
-        cutlass.Float8E4M3FN, rows_m, heads, dim, _WEIGHT_DTYPES[weight_dtype], rows, stages, turns, reduce, True)
+        cutlass.Float8E4M3FN, heads, dim, _WEIGHT_DTYPES[weight_dtype], rows, stages, turns, reduce, True)
     return Program(cute.compile(_launch_scores_mma, *arguments), arguments)
 
 
 @functools.cache
-def compiled_select(rows_m: int, topk: int, threads: int, vec: int = 4, by_bitmap: bool = True):
-    """The bf16 kernel's select for one shape and one `select_bucket` of context
+def compiled_select(topk: int, threads: int, vec: int = 4, by_bitmap: bool = True):
+    """The bf16 kernel's select for one top-k and one `select_bucket` of context
     lengths, compiled (and counted) as this module's own."""
-    return compile_select(rows_m, topk, threads, vec, by_bitmap)
+    return compile_select(topk, threads, vec, by_bitmap)
 
 
 def forward(
@@ -178,9 +179,9 @@ def forward(
     hist = torch.empty(splits, rows_m, BINS, dtype=torch.int32, device=q.device)
     out = torch.empty(rows_m, topk, dtype=torch.int64, device=q.device)
     stream = current_stream(q)
-    kernel = compiled_scores_mma(rows_m, heads, dim, rows, PARAMS["STAGES"], weights.dtype,
+    kernel = compiled_scores_mma(heads, dim, rows, PARAMS["STAGES"], weights.dtype,
                                  PARAMS["SCHEDULE"], PARAMS["REDUCE"])
     halves = 2 if SCHEDULES[PARAMS["SCHEDULE"]] > 1 else 1
     kernel(q.view(rows_m * heads, dim), k, k_scale, weights, scores, hist, stream, per_cta * halves)
-    compiled_select(rows_m, topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(scores, hist, out, stream)
+    compiled_select(topk, PARAMS["SELECT_THREADS"], *select_bucket(context))(scores, hist, out, stream)
     return out
