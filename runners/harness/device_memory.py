@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+from collections.abc import Mapping
+
 import torch
 
 _POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -23,10 +26,16 @@ _PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 _NR_PIDFD_GETFD = 438
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 class DeviceMemoryError(OSError):
     """The driver refused a step of sharing device memory."""
+
+
+class DeviceOutOfMemory(DeviceMemoryError, MemoryError):
+    """The driver had no device memory left to give: a MemoryError, so that a child's
+    failure reads as running out of memory (resources), not as its code raising."""
 
 
 class _Location(ctypes.Structure):
@@ -55,8 +64,34 @@ def _cuda() -> ctypes.CDLL:
 
 
 def _checked(result: int, what: str) -> None:
+    if result == _OUT_OF_MEMORY:
+        raise DeviceOutOfMemory(f"{what} returned CUDA error {result}: out of memory")
     if result != 0:
         raise DeviceMemoryError(f"{what} returned CUDA error {result}")
+
+
+def holders(names: Mapping[int, str]) -> str:
+    """Who held the GPU's memory just now, by process as the driver counts it (through
+    nvidia-smi, where it lists them), with what was free: said beside a failure for want
+    of device memory, so that one run shows whether the judge, the kept kernel's
+    processes or the candidate's took it. `names` labels the processes the judge knows
+    (their PIDs as this process sees them)."""
+    free, total = torch.cuda.mem_get_info()
+    held = []
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                 "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        lines = listed.stdout.splitlines() if listed.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        lines = []
+    for line in lines:
+        pid, _, mib = (part.strip() for part in line.partition(","))
+        if pid.isdigit() and mib.isdigit():
+            held.append((int(mib), names.get(int(pid), f"process {pid}")))
+    by_process = ", ".join(f"{name} {mib / 1024:.1f} GiB" for mib, name in sorted(held, reverse=True))
+    judge = torch.cuda.memory_reserved() / 2**30
+    return (f"device memory then: {by_process or 'no process listed by nvidia-smi'}; the judge's "
+            f"allocator {judge:.1f} GiB; {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
 
 
 def _prop(device: int) -> _AllocationProp:

@@ -26,7 +26,7 @@ import torch
 from runners.harness import arena as inputs_arena
 from runners.harness import dsl as dsls
 from runners.harness import e2e_command as declared_e2e
-from runners.harness import collective, endtoend, imports, new_shapes, protected, roofline
+from runners.harness import collective, device_memory, endtoend, imports, new_shapes, protected, roofline
 from runners.harness.children import (
     BASELINE,
     CANDIDATE,
@@ -548,11 +548,23 @@ def _judge(run: _Run) -> Child | None:
             guard = Guard("loads", "fail", f"{failure.error} (in the process it is timed in)")
         else:
             guard = call_failure(failure, "timed-calls", failure.during)
-        _fail(result, candidate, guard)
+        _fail(result, candidate, _with_memory_holders(run, guard, failure.kind))
     except ChildFailure as failure:
         name = failure.guard if failure.role == CANDIDATE else "harness"
-        _fail(result, candidate, Guard(name, "fail", failure.detail))
+        _fail(result, candidate, _with_memory_holders(run, Guard(name, "fail", failure.detail)))
     return candidate
+
+
+def _with_memory_holders(run: _Run, guard: Guard, kind: str | None = None) -> Guard:
+    """`guard`, where it reports a process out of device memory, with who held the
+    GPU's memory then: the paged ops' 256K timing ran out of it on the H200 in the kept
+    kernel's processes, and the failure alone could not say whose it was."""
+    if not run.result.device.startswith("cuda") or not (
+            kind == "memory" or "out of memory" in guard.detail.lower()):
+        return guard
+    names = {os.getpid(): "the judge"} | {child.worker_pid: child.label for child in run.children
+                                          if child.worker_pid is not None}
+    return Guard(guard.name, guard.status, f"{guard.detail} ({device_memory.holders(names)})")
 
 
 def _start_timing_processes(run: _Run, checked: Child) -> dict[str, Child]:
