@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,8 +43,12 @@ print(json.dumps({"options": settings.DATABASES["default"].get("OPTIONS", {}),
 
 
 def _postgres_url() -> str:
+    """The suite's PostgreSQL server, its maintenance database: it always exists, and the
+    cases only ask which backend serves them."""
     url = os.environ.get("DATABASE_URL", "")
-    return url if url.startswith(("postgres://", "postgresql://")) else "postgres://postgres@127.0.0.1:5432/postgres"
+    if not url.startswith(("postgres://", "postgresql://")):
+        url = "postgres://postgres@127.0.0.1:5432/postgres"
+    return urlunsplit(urlsplit(url)._replace(path="/postgres"))
 
 
 def _run(code: str, **env: str | None) -> dict:
