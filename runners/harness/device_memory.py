@@ -75,8 +75,12 @@ def holders(names: Mapping[int, str]) -> str:
     nvidia-smi, where it lists them), with what was free: said beside a failure for want
     of device memory, so that one run shows whether the judge, the kept kernel's
     processes or the candidate's took it. `names` labels the processes the judge knows
-    (their PIDs as this process sees them)."""
-    free, total = torch.cuda.mem_get_info()
+    (their PIDs as this process sees them). Never raises: it only adds to a guard."""
+    try:
+        free, total = torch.cuda.mem_get_info()
+        room = f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB"
+    except RuntimeError as error:  # a context the failure left unusable
+        room = f"what was free unknown ({error})"
     held = []
     try:
         listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
@@ -91,7 +95,7 @@ def holders(names: Mapping[int, str]) -> str:
     by_process = ", ".join(f"{name} {mib / 1024:.1f} GiB" for mib, name in sorted(held, reverse=True))
     judge = torch.cuda.memory_reserved() / 2**30
     return (f"device memory then: {by_process or 'no process listed by nvidia-smi'}; the judge's "
-            f"allocator {judge:.1f} GiB; {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
+            f"allocator {judge:.1f} GiB; {room}")
 
 
 def _prop(device: int) -> _AllocationProp:
