@@ -64,7 +64,7 @@ def _run(code: str, **env: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_web_process_serves_its_requests_from_one_pooled_backend():
+def test_a_web_process_serves_its_requests_from_pooled_backends():
     found = _run(BACKENDS, DATABASE_URL=_postgres_url(), DB_CONN_MAX_AGE=None, DB_POOL_MAX=None)
     assert found["max_age"] == 0 and found["options"]["pool"]["max_size"] == 8
     # Borrowed again, not opened: fewer backends than requests (the pool may have grown
@@ -73,7 +73,7 @@ def test_a_web_process_serves_its_requests_from_one_pooled_backend():
 
 
 def test_without_the_pool_each_request_of_a_web_process_gets_a_new_backend():
-    # What the pool saves: the same three requests with it turned off.
+    # What the pool saves: the same five requests with it turned off.
     found = _run(BACKENDS, DATABASE_URL=_postgres_url(), DB_CONN_MAX_AGE=None, DB_POOL_MAX="0")
     assert "pool" not in found["options"]
     assert len(set(found["backends"])) == 5, found

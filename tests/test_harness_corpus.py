@@ -300,11 +300,17 @@ def test_the_ops_own_kernels_pass_at_several_space_points(op_name, point, tmp_pa
                                      if key not in point}
 
 
+def _script(relative: str):
+    """A script of the project (not a package module), loaded by its path."""
+    path = CANDIDATES.parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _red_team():
-    spec = importlib.util.spec_from_file_location("red_team", CANDIDATES.parents[1] / "scripts" / "red_team.py")
-    red_team = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(red_team)
-    return red_team
+    return _script("scripts/red_team.py")
 
 
 def test_a_legit_candidate_rejected_only_by_first_call_beside_others_is_judged_again_alone():
@@ -350,9 +356,7 @@ def test_the_mixed_sweep_draws_its_good_candidates_from_kernels_the_device_can_k
     # On a GPU the eager paged kernels read the lengths on the host, which a CUDA graph
     # cannot (the red team's known rejections): drawn as "good" there, they were judged
     # rejected at their first check (H100, 2026-12-06). The CuTe ones launch only there.
-    spec = importlib.util.spec_from_file_location("mixed_sweep", CANDIDATES.parents[1] / "bench" / "mixed_sweep.py")
-    mixed_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mixed_sweep)
+    mixed_sweep = _script("bench/mixed_sweep.py")
     kernels = {}
     for device in ("cpu", "cuda"):
         folder = tmp_path / device
