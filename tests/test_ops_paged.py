@@ -125,6 +125,23 @@ def test_the_baseline_passes_the_check_in_any_order(name, mix, next_n):
 
 
 @pytest.mark.parametrize("name", PAGED)
+def test_the_baseline_in_groups_of_sequences_gives_what_it_gives_whole(name):
+    """The baseline scores a few sequences at a time (bounded memory at 64 x 256K); the
+    groups must not change a bit of its answer, on a batch of mixed lengths and two
+    query rows per sequence."""
+    op, _, inputs, scores = _case(name, next_n=2)
+    spec = importlib.util.spec_from_file_location("grouped_baseline", op.baseline_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    whole = module.forward(*inputs.values())
+    batch, next_n, heads, _ = inputs["q"].shape
+    width = inputs["block_table"].shape[1] * inputs["kv_cache"].shape[1]
+    module.LOGITS_AT_ONCE = 3 * next_n * heads * width  # 8 sequences in groups of 3, 3 and 2
+    assert torch.equal(module.forward(*inputs.values()), whole)
+    assert op.check(whole, scores, inputs)[0]
+
+
+@pytest.mark.parametrize("name", PAGED)
 def test_the_check_refuses_indices_past_a_rows_prefix(name):
     op, _, inputs, scores = _case(name, next_n=2)
     output = _forward(_attack(name, "ignores_lengths"))(*inputs.values())
