@@ -135,9 +135,12 @@ def _dtype(name: str) -> torch.dtype:
 class Shared:
     """One allocation mapped into this process: `bytes` is it as a uint8 CUDA tensor."""
 
-    def __init__(self, handle: int, size: int, device: int) -> None:
+    def __init__(self, handle: int, size: int, device: int, exported: int | None = None) -> None:
         cuda = _cuda()
         self.size, self._handle = size, ctypes.c_ulonglong(handle)
+        # The descriptor `create` exported: while it is open the driver keeps the memory,
+        # released handle or not, so `close` closes it too.
+        self._exported = exported
         self._address = ctypes.c_ulonglong(0)
         _checked(cuda.cuMemAddressReserve(ctypes.byref(self._address), ctypes.c_size_t(size),
                                           ctypes.c_size_t(0), ctypes.c_ulonglong(0),
@@ -167,7 +170,7 @@ class Shared:
         _checked(cuda.cuMemExportToShareableHandle(ctypes.byref(fd), handle, ctypes.c_int(_POSIX_FD),
                                                    ctypes.c_ulonglong(0)),
                  "cuMemExportToShareableHandle")
-        return cls(handle.value, size, device), fd.value
+        return cls(handle.value, size, device, exported=fd.value), fd.value
 
     @classmethod
     def take(cls, pid: int, fd: int, size: int) -> Shared:
@@ -198,10 +201,17 @@ class Shared:
         return tensor
 
     def close(self) -> None:
+        """Unmaps and releases it, and closes the descriptor it was exported by: a staging
+        buffer per timed slot whose descriptor stayed open kept 40 GiB of an H100 out of
+        every process's count by the paged ops' sixth workload, until an allocation failed.
+        (Whoever mapped it has its own copy of the descriptor by then.)"""
         cuda = _cuda()
         cuda.cuMemUnmap(self._address, ctypes.c_size_t(self.size))
         cuda.cuMemAddressFree(self._address, ctypes.c_size_t(self.size))
         cuda.cuMemRelease(self._handle)
+        if self._exported is not None:
+            os.close(self._exported)
+            self._exported = None
 
 
 def take_descriptor(pid: int, fd: int) -> int:
