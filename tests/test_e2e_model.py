@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from runners.e2e import model
 from runners.e2e.model import SHAPES
 from runners.e2e.step import build_step, kept_dispatch
 
@@ -134,3 +137,36 @@ def test_a_kernel_that_pays_per_context_length_pays_it_every_step_of_the_loop():
               loop.block_table, loop.context_lens, torch.zeros(2, 16), 256)
     compiles_per_length(*inputs)  # a length it has seen: no pause
     assert len(compiled) == loop.steps
+
+
+class _Draws(TorchDispatchMode):
+    """The element count of every float32 tensor torch.randn makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.randn and out.dtype == torch.float32:
+            self.sizes.append(out.numel())
+        return out
+
+
+def test_the_paged_steps_caches_are_drawn_a_slice_at_a_time_and_the_step_is_the_same_for_a_seed(monkeypatch):
+    # Whole, the 64-sequence latent cache's float32 draw was 4.7 GiB at 128K on a GPU.
+    kept = kept_dispatch()["dsa_indexer_topk_paged_fp8"]
+    whole = _Draws()
+    with whole:
+        build_step("dsa_indexer_topk_paged_fp8", kept, device="cpu", context_length=1024, batch=4, seed=5)
+    # No slice is smaller than one row of its tensor: the experts' stack's is [hidden, width].
+    largest_row = SHAPES["cpu"].hidden * SHAPES["cpu"].expert_width
+    monkeypatch.setattr(model, "DRAW_AT_ONCE", 4096)
+    sliced = _Draws()
+    with sliced:
+        first = build_step("dsa_indexer_topk_paged_fp8", kept, device="cpu", context_length=1024, batch=4, seed=5)
+    assert max(whole.sizes) > largest_row
+    assert max(sliced.sizes) <= largest_row and len(sliced.sizes) > len(whole.sizes)
+    output = first()
+    again = build_step("dsa_indexer_topk_paged_fp8", kept, device="cpu", context_length=1024, batch=4, seed=5)()
+    assert torch.isfinite(output.float()).all() and torch.equal(output, again)

@@ -17,6 +17,8 @@ unselected experts) so the whole step can be captured in one CUDA graph.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,10 +72,20 @@ class Dispatch:
     dsa_indexer_topk_paged_fp8: Kernel
 
 
+# Values drawn in float32 at a time: whole, a 64-sequence paged latent cache at 128K is
+# 4.7 GiB in float32 (9.4 at 256K), and on an H100 that draw failed a baseline process
+# holding a quarter of the card. In slices of the first dimension it is never whole.
+DRAW_AT_ONCE = 2**26
+
+
 def _weight_maker(generator: torch.Generator, device: str) -> Callable[..., torch.Tensor]:
     def weight(*dims: int, scale_dim: int) -> torch.Tensor:
-        return (torch.randn(*dims, generator=generator, device=device, dtype=torch.float32)
-                * scale_dim**-0.5).to(torch.bfloat16)
+        made = torch.empty(*dims, device=device, dtype=torch.bfloat16)
+        rows = max(1, DRAW_AT_ONCE // max(1, math.prod(dims[1:])))
+        for part in made.split(rows):
+            part.copy_(torch.randn(part.shape, generator=generator, device=device, dtype=torch.float32)
+                       * scale_dim**-0.5)
+        return made
     return weight
 
 
