@@ -49,8 +49,9 @@ No torch op computes anything: forward only allocates.
   at every context on the H200).
 
 The kernels are compiled once per (H, D, top-k, parameters) for the GPU in hand,
-whatever the batch of query rows and the context length; on a machine without one, CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch then
-fails for want of a GPU.
+whatever the batch of query rows and the context length; on a machine without one,
+CUTE_DSL_ARCH=sm_90a makes them compile for Hopper, and the launch then fails for want
+of a GPU.
 """
 
 from __future__ import annotations
